@@ -1,0 +1,74 @@
+"""Typed failures and the exit codes they map to.
+
+Every expected failure is one of these classes. Code deep in the engine or a source raises them
+with a message that names the problem *and* the fix; only the CLI edge (``initializers.cli``) turns
+them into an exit code, one line on stderr and the termination message. Messages must never carry
+a secret: build them from URIs, paths and status codes, never from headers or credentials.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """Documented process exit codes (README, "Exit codes")."""
+
+    OK = 0
+    UNEXPECTED = 1
+    USAGE = 2
+    AUTH = 3
+    NOT_FOUND = 4
+    INTEGRITY = 5
+    LOCAL_STORAGE = 6
+    UNAVAILABLE = 7
+
+
+class InitializerError(Exception):
+    """Base of every expected failure; ``exit_code`` says how the process ends."""
+
+    exit_code: ExitCode = ExitCode.UNEXPECTED
+
+
+class UsageError(InitializerError):
+    """Bad URI, unknown scheme, bad pattern, conflicting or invalid flags."""
+
+    exit_code = ExitCode.USAGE
+
+
+class AuthError(InitializerError):
+    """Missing, wrong or insufficient credentials (401/403, gated repo, expired token)."""
+
+    exit_code = ExitCode.AUTH
+
+
+class NotFoundError(InitializerError):
+    """The bucket, prefix, repository, revision or path does not exist (or holds nothing)."""
+
+    exit_code = ExitCode.NOT_FOUND
+
+
+class IntegrityError(InitializerError):
+    """Bytes fetched do not match the size or checksum the source announced."""
+
+    exit_code = ExitCode.INTEGRITY
+
+
+class LocalStorageError(InitializerError):
+    """The destination cannot be written: permissions, disk full, unsafe path."""
+
+    exit_code = ExitCode.LOCAL_STORAGE
+
+
+class UnavailableError(InitializerError):
+    """The remote kept failing with transient errors until the retry budget ran out."""
+
+    exit_code = ExitCode.UNAVAILABLE
+
+
+class TransientError(Exception):
+    """A failure worth retrying (reset, timeout, 5xx, throttling, short body).
+
+    Raised by sources; the engine retries it and, once the retry budget is spent, turns it into
+    :class:`UnavailableError`.
+    """

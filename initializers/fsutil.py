@@ -1,0 +1,91 @@
+"""Small filesystem primitives: safe destination paths, atomic writes, durable renames."""
+
+from __future__ import annotations
+
+import os
+import unicodedata
+from pathlib import Path, PurePosixPath
+
+from initializers.errors import LocalStorageError
+
+PART_SUFFIX = ".part"
+JOURNAL_SUFFIX = ".part.journal"
+# Longest single path component Linux filesystems accept, in bytes.
+NAME_MAX = 255
+
+
+class UnsafePathError(ValueError):
+    """A remote name that cannot be stored safely under the destination."""
+
+
+def safe_relpath(name: str) -> str:
+    """Normalise a remote key to a relative POSIX path, or raise UnsafePathError.
+
+    Refuses anything that could escape the destination or that a filesystem cannot hold:
+    ``..`` components, absolute paths, backslashes, control characters, over-long components,
+    and our own temporary/manifest names.
+    """
+    if not name or name.endswith("/"):
+        raise UnsafePathError("is empty or names a folder")
+    if "\\" in name:
+        raise UnsafePathError("contains a backslash")
+    if any(unicodedata.category(ch) == "Cc" for ch in name):
+        raise UnsafePathError("contains a control character")
+    if name.startswith("/"):
+        raise UnsafePathError("is absolute")
+    parts = PurePosixPath(name).parts
+    if any(part in ("..", ".") for part in parts) or "//" in name:
+        raise UnsafePathError("has '.', '..' or empty components")
+    for part in parts:
+        if len(part.encode()) > NAME_MAX - len(JOURNAL_SUFFIX) - 1:
+            raise UnsafePathError(f"has a component longer than {NAME_MAX} bytes")
+    last = parts[-1]
+    if last.startswith(".initializer") or last.endswith((PART_SUFFIX, JOURNAL_SUFFIX)):
+        raise UnsafePathError("collides with the initializer's own bookkeeping names")
+    return "/".join(parts)
+
+
+def part_path(final: Path) -> Path:
+    """Hidden temporary name, in the same folder so the final rename is atomic."""
+    return final.with_name(f".{final.name}{PART_SUFFIX}")
+
+
+def journal_path(final: Path) -> Path:
+    return final.with_name(f".{final.name}{JOURNAL_SUFFIX}")
+
+
+def ensure_dir_inside(dest: Path, folder: Path) -> None:
+    """Create ``folder`` (under ``dest``) without following a symlink planted on the way."""
+    rel = folder.relative_to(dest)
+    current = dest
+    for part in rel.parts:
+        current = current / part
+        try:
+            os.mkdir(current)
+        except FileExistsError:
+            if current.is_symlink() or not current.is_dir():
+                raise LocalStorageError(
+                    f"{current} exists and is not a plain folder (a symlink or a file); "
+                    "remove it or choose another --output"
+                ) from None
+
+
+def fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(target: Path, data: bytes) -> None:
+    """Write ``data`` to ``target`` so readers see the old file or the whole new one."""
+    tmp = target.with_name(f".{target.name}.tmp.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, target)
+    fsync_dir(target.parent)

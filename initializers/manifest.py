@@ -1,0 +1,104 @@
+"""The completion manifest: one JSON file at the root of a destination, written last.
+
+Its presence means "this folder holds a complete copy of <source> at <revision>". A rerun reads it
+to skip what is already in place, and the launcher shims read it to know the assets are ready.
+Each entry records the size and mtime we left the file with, so a local edit or truncation is
+noticed without re-hashing gigabytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from initializers.fsutil import atomic_write_bytes
+
+MANIFEST_NAME = ".initializer-manifest.json"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """What we know of one committed file."""
+
+    size: int
+    checksum: str | None  # "<algorithm>:<hex or base64>", e.g. "sha256:ab12...", or None
+    version: str | None  # the source's version token (ETag, blob id) used to detect changes
+    mtime_ns: int
+
+
+@dataclass
+class Manifest:
+    """A complete destination: where it came from and every file in it."""
+
+    source: str
+    revision: str | None
+    files: dict[str, FileRecord] = field(default_factory=dict)
+    format: int = FORMAT_VERSION
+
+    def to_json(self) -> bytes:
+        body = {
+            "format": self.format,
+            "source": self.source,
+            "revision": self.revision,
+            "files": {path: asdict(rec) for path, rec in sorted(self.files.items())},
+        }
+        return (json.dumps(body, indent=1) + "\n").encode()
+
+    def total_bytes(self) -> int:
+        return sum(rec.size for rec in self.files.values())
+
+
+def manifest_path(dest: Path) -> Path:
+    return dest / MANIFEST_NAME
+
+
+def read_manifest(dest: Path) -> Manifest | None:
+    """The manifest of ``dest``, or None when it is absent or not one we can trust."""
+    try:
+        body = json.loads(manifest_path(dest).read_bytes())
+        if body.get("format") != FORMAT_VERSION:
+            return None
+        files = {path: FileRecord(**rec) for path, rec in body["files"].items()}
+        return Manifest(source=body["source"], revision=body.get("revision"), files=files)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def write_manifest(dest: Path, manifest: Manifest) -> None:
+    """Write the manifest atomically; the caller has already made every file durable."""
+    atomic_write_bytes(manifest_path(dest), manifest.to_json())
+
+
+def remove_manifest(dest: Path) -> None:
+    """Mark ``dest`` incomplete before touching any file a previous run committed."""
+    try:
+        manifest_path(dest).unlink()
+    except FileNotFoundError:
+        pass
+
+
+def record_is_intact(dest: Path, relpath: str, record: FileRecord) -> bool:
+    """True when the file is still the one we committed (same size and mtime)."""
+    try:
+        st = os.stat(dest / relpath, follow_symlinks=False)
+    except OSError:
+        return False
+    return st.st_size == record.size and st.st_mtime_ns == record.mtime_ns
+
+
+def find_problems(dest: Path) -> list[str]:
+    """Why ``dest`` is not a complete initializer output (empty list when it is).
+
+    Used by the launcher shims before they start training.
+    """
+    manifest = read_manifest(dest)
+    if manifest is None:
+        return [f"{manifest_path(dest)} is missing or unreadable (initializer not finished)"]
+    return [
+        f"{dest / path} changed or missing since the initializer finished"
+        for path, record in manifest.files.items()
+        if not record_is_intact(dest, path, record)
+    ]

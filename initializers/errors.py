@@ -22,6 +22,7 @@ class ExitCode(IntEnum):
     INTEGRITY = 5
     LOCAL_STORAGE = 6
     UNAVAILABLE = 7
+    INTERRUPTED = 143  # SIGTERM/SIGINT: stopped cleanly, rerun resumes
 
 
 class InitializerError(Exception):

@@ -74,10 +74,7 @@ def write_manifest(dest: Path, manifest: Manifest) -> None:
 
 def remove_manifest(dest: Path) -> None:
     """Mark ``dest`` incomplete before touching any file a previous run committed."""
-    try:
-        manifest_path(dest).unlink()
-    except FileNotFoundError:
-        pass
+    manifest_path(dest).unlink(missing_ok=True)
 
 
 def record_is_intact(dest: Path, relpath: str, record: FileRecord) -> bool:

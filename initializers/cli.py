@@ -1,0 +1,153 @@
+"""The command-line edge: parse, run the engine, turn failures into exit codes and one line.
+
+This is the only place that prints errors, maps them to exit codes and writes the Kubernetes
+termination message, so every entrypoint behaves the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import sys
+import threading
+import traceback
+from pathlib import Path
+from types import FrameType
+
+from initializers.config import AssetDefaults, Settings, load_settings
+from initializers.engine import Engine, Interrupted, describe_outcome
+from initializers.errors import ExitCode, InitializerError, NotFoundError
+from initializers.logs import RedactSecrets, configure
+from initializers.selection import select
+from initializers.sources import open_source
+
+log = logging.getLogger("initializers")
+DEFAULT_TERMINATION_LOG = Path("/dev/termination-log")
+
+
+def run(defaults: AssetDefaults, argv: list[str] | None = None) -> int:
+    """Run one initializer; returns the process exit code."""
+    try:
+        settings = load_settings(defaults, argv)
+    except InitializerError as exc:
+        return _fail(
+            exc,
+            f"{defaults.kind}-initializer",
+            DEFAULT_TERMINATION_LOG,
+            RedactSecrets(()),
+            debug=False,
+        )
+    redactor = configure(settings.log_format, settings.debug, settings.secrets())
+    stop = _StopOnSignal()
+    try:
+        with stop:
+            _fetch(settings, stop)
+        return ExitCode.OK
+    except InitializerError as exc:
+        return _fail(exc, settings.kind, settings.termination_log, redactor, settings.debug)
+    except Exception as exc:  # a bug: say so plainly, keep the traceback for --debug
+        if settings.debug:
+            traceback.print_exc()
+        failure = InitializerError(
+            f"unexpected {type(exc).__name__}: {exc} (rerun with --debug "
+            "for a traceback and report it)"
+        )
+        return _fail(failure, settings.kind, settings.termination_log, redactor, settings.debug)
+
+
+def _fetch(settings: Settings, stop: _StopOnSignal) -> None:
+    source = open_source(settings)
+    try:
+        log.info("%s: listing %s", settings.kind, source.describe())
+        listing = source.list()
+        for name, why in listing.skipped:
+            log.warning("skipped %r: the name %s", name, why)
+        chosen = select(
+            listing.files,
+            settings.allow_patterns,
+            settings.ignore_patterns,
+            fallback_weights=settings.fallback_weights,
+            patterns_are_default=settings.patterns_are_default,
+        )
+        if chosen.weights_note:
+            log.info("%s", chosen.weights_note)
+        for path in chosen.conflicts:
+            log.warning("skipped %r: another key uses it as a folder", path)
+        if chosen.filtered_out:
+            shown = ", ".join(chosen.filtered_out[:5])
+            more = (
+                f" and {len(chosen.filtered_out) - 5} more" if len(chosen.filtered_out) > 5 else ""
+            )
+            log.info(
+                "%d file(s) left out by the allow/ignore patterns: %s%s",
+                len(chosen.filtered_out),
+                shown,
+                more,
+            )
+        if not chosen.files:
+            raise NotFoundError(
+                f"none of the {len(listing.files)} file(s) under "
+                f"{source.describe()} match the allow/ignore patterns; "
+                "adjust ALLOW_PATTERNS / IGNORE_PATTERNS"
+            )
+        engine = Engine(
+            source,
+            settings.output,
+            workers=settings.workers,
+            label=settings.kind,
+            progress_interval=settings.progress_interval,
+            stop=stop.event,
+        )
+        stop.engine_running = True
+        outcome = engine.sync(chosen.files, settings.storage_uri, listing.revision)
+        log.info("%s", describe_outcome(settings.kind, outcome))
+    finally:
+        source.close()
+
+
+class _StopOnSignal:
+    """SIGTERM/SIGINT: ask the engine to stop at the next chunk (leaving the fetch resumable)."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.engine_running = False
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> _StopOnSignal:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)  # type: ignore[arg-type]
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self.event.is_set():
+            return
+        log.warning("%s received: stopping; a rerun resumes where this one stopped", name)
+        self.event.set()
+        if not self.engine_running:
+            raise Interrupted(f"stopped by {name} before fetching started")
+
+
+def _fail(
+    exc: InitializerError, kind: str, termination_log: Path, redactor: RedactSecrets, debug: bool
+) -> int:
+    message = redactor.redact(" ".join(str(exc).split()))
+    if debug:
+        traceback.print_exception(exc)
+    print(f"{kind}: error: {message}", file=sys.stderr, flush=True)
+    _write_termination_message(termination_log, message)
+    return int(exc.exit_code)
+
+
+def _write_termination_message(path: Path, message: str) -> None:
+    """Kubernetes shows this file in ``kubectl describe pod``; it mounts it, we never create
+    the default one (outside a pod, /dev/termination-log should stay absent)."""
+    if path == DEFAULT_TERMINATION_LOG and not path.exists():
+        return
+    with contextlib.suppress(OSError):
+        path.write_text(message + "\n")

@@ -1,0 +1,352 @@
+"""Settings: one declarative table of options, read from flags first and the environment second.
+
+Each option names its flag and the environment variables that may carry it (the Kubeflow names
+first, then the ecosystem's), so ``--help`` documents both and nothing else in the package reads
+``os.environ`` for configuration. Unset variables keep the asset's defaults (the upstream loader
+wiped them), and nothing here ever writes to the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from initializers.errors import UsageError
+from initializers.patterns import parse_patterns
+
+MAX_URI_LENGTH = 2048
+
+
+@dataclass(frozen=True)
+class AssetDefaults:
+    """What distinguishes the dataset initializer from the model initializer."""
+
+    kind: str  # "dataset" or "model"
+    output: Path
+    allow_patterns: tuple[str, ...] = ()
+    ignore_patterns: tuple[str, ...] = ()
+    # Weight files to fall back to when the source holds no *.safetensors (model only).
+    fallback_weights: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything one initializer run needs; built once by :func:`load_settings`."""
+
+    kind: str
+    storage_uri: str
+    output: Path
+    revision: str | None
+    allow_patterns: tuple[str, ...]
+    ignore_patterns: tuple[str, ...]
+    patterns_are_default: bool
+    fallback_weights: tuple[str, ...]
+    workers: int
+    endpoint: str | None
+    hf_endpoint: str | None
+    region: str
+    role_arn: str | None
+    anonymous: bool
+    access_key_id: str | None = field(default=None, repr=False)
+    secret_access_key: str | None = field(default=None, repr=False)
+    session_token: str | None = field(default=None, repr=False)
+    token: str | None = field(default=None, repr=False)
+    ca_bundle: str | None = None
+    log_format: str = "text"
+    progress_interval: float = 5.0
+    timeout: float = 60.0
+    termination_log: Path = Path("/dev/termination-log")
+    debug: bool = False
+
+    def secrets(self) -> list[str]:
+        """Values that must never appear in any output."""
+        return [s for s in (self.secret_access_key, self.session_token, self.token) if s]
+
+
+def _bool(value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected true/false, got {value!r}")
+
+
+def _positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise ValueError("must be at least 1")
+    return number
+
+
+def _positive_float(value: str) -> float:
+    number = float(value)
+    if number <= 0:
+        raise ValueError("must be greater than 0")
+    return number
+
+
+def _log_format(value: str) -> str:
+    if value not in ("text", "json"):
+        raise ValueError("must be 'text' or 'json'")
+    return value
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting: its flag, the env vars that may carry it, and how to parse it."""
+
+    dest: str
+    flag: str | None
+    env: tuple[str, ...]
+    help: str
+    parse: Callable[[str], Any] = str
+    is_switch: bool = False
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "storage_uri",
+        "--storage-uri",
+        ("STORAGE_URI",),
+        "what to fetch: s3://bucket/prefix, hf://[datasets/]org/repo[@revision][/path]",
+    ),
+    Option("output", "--output", ("OUTPUT_PATH",), "destination folder", Path),
+    Option(
+        "revision",
+        "--revision",
+        ("REVISION",),
+        "Hub branch, tag or commit (overrides @rev in the URI)",
+    ),
+    Option(
+        "allow_patterns",
+        "--allow-patterns",
+        ("ALLOW_PATTERNS",),
+        "comma-separated globs on the path relative to the URI; only matches are fetched",
+    ),
+    Option(
+        "ignore_patterns",
+        "--ignore-patterns",
+        ("IGNORE_PATTERNS",),
+        "comma-separated globs on the relative path; matches are skipped",
+    ),
+    Option("workers", "--workers", ("WORKERS",), "parallel requests (default 16)", _positive_int),
+    Option(
+        "endpoint",
+        "--endpoint",
+        ("ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
+        "S3-compatible endpoint URL (MinIO, R2, Ceph, ...)",
+    ),
+    Option("hf_endpoint", None, ("HF_ENDPOINT",), "Hugging Face Hub endpoint or mirror"),
+    Option(
+        "region",
+        "--region",
+        ("REGION", "AWS_REGION", "AWS_DEFAULT_REGION"),
+        "S3 region; 'auto' asks the bucket (default auto)",
+    ),
+    Option(
+        "role_arn", "--role-arn", ("ROLE_ARN",), "IAM role to assume through STS before fetching"
+    ),
+    Option(
+        "anonymous",
+        "--anonymous",
+        ("ANONYMOUS",),
+        "unsigned S3 requests (public buckets)",
+        _bool,
+        is_switch=True,
+    ),
+    Option("access_key_id", None, ("ACCESS_KEY_ID", "AWS_ACCESS_KEY_ID"), "S3 access key id"),
+    Option(
+        "secret_access_key", None, ("SECRET_ACCESS_KEY", "AWS_SECRET_ACCESS_KEY"), "S3 secret key"
+    ),
+    Option(
+        "secret_access_key_file",
+        "--secret-access-key-file",
+        ("SECRET_ACCESS_KEY_FILE",),
+        "file holding the S3 secret key",
+        Path,
+    ),
+    Option("session_token", None, ("SESSION_TOKEN", "AWS_SESSION_TOKEN"), "S3 session token"),
+    Option("token", None, ("ACCESS_TOKEN", "HF_TOKEN"), "Hugging Face token"),
+    Option(
+        "token_file",
+        "--token-file",
+        ("ACCESS_TOKEN_FILE", "HF_TOKEN_PATH"),
+        "file holding the Hugging Face token",
+        Path,
+    ),
+    Option(
+        "ca_bundle",
+        "--ca-bundle",
+        ("AWS_CA_BUNDLE", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE"),
+        "PEM bundle of trusted CAs for HTTPS endpoints",
+    ),
+    Option(
+        "log_format", "--log-format", ("LOG_FORMAT",), "text or json (default text)", _log_format
+    ),
+    Option(
+        "progress_interval",
+        "--progress-interval",
+        ("PROGRESS_INTERVAL",),
+        "seconds between progress lines (default 5)",
+        _positive_float,
+    ),
+    Option(
+        "timeout",
+        "--timeout",
+        ("TIMEOUT",),
+        "seconds a request may stall before it is retried (default 60)",
+        _positive_float,
+    ),
+    Option(
+        "termination_log",
+        "--termination-log",
+        ("TERMINATION_LOG",),
+        "where the one-line failure reason goes (default /dev/termination-log)",
+        Path,
+    ),
+    Option(
+        "debug", "--debug", ("DEBUG",), "log every step and show tracebacks", _bool, is_switch=True
+    ),
+)
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    """argparse that raises UsageError instead of printing usage and exiting."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{message} (see --help)")
+
+
+def build_parser(defaults: AssetDefaults) -> argparse.ArgumentParser:
+    parser = _ArgumentParser(
+        prog=f"{defaults.kind}-initializer",
+        description=(
+            f"Fetch a {defaults.kind} from Hugging Face (hf://) or S3 (s3://) into a folder: "
+            "parallel, resumable, verified, with a completion manifest. Every flag can also be "
+            "set by the environment variable shown; flags win."
+        ),
+        epilog=(
+            "Secrets (S3 secret key, session token, Hugging Face token) are read only from the "
+            "environment or from a file (--secret-access-key-file, --token-file), never from "
+            "flags. Exit codes: 0 ok, 1 unexpected, 2 usage, 3 auth, 4 not found, 5 integrity, "
+            "6 local storage, 7 remote unavailable."
+        ),
+    )
+    for option in OPTIONS:
+        if option.flag is None:
+            continue
+        env_note = f" [env: {', '.join(option.env)}]"
+        if option.is_switch:
+            parser.add_argument(
+                option.flag,
+                dest=option.dest,
+                action="store_true",
+                default=None,
+                help=option.help + env_note,
+            )
+        else:
+            parser.add_argument(
+                option.flag,
+                dest=option.dest,
+                default=None,
+                metavar="VALUE",
+                help=option.help + env_note,
+            )
+    return parser
+
+
+def _read_secret_file(path: Path, what: str) -> str:
+    try:
+        value = path.read_text().strip()
+    except OSError as exc:
+        raise UsageError(f"cannot read the {what} file {path}: {exc.strerror}") from None
+    if not value:
+        raise UsageError(f"the {what} file {path} is empty")
+    return value
+
+
+def _resolve(option: Option, flags: argparse.Namespace, env: Mapping[str, str]) -> Any:
+    """Flag value if given, else the first non-empty env var, parsed; None when unset."""
+    raw: Any = getattr(flags, option.dest, None)
+    source = option.flag
+    if raw is True:  # a switch given on the command line
+        return True
+    if raw is None:
+        for name in option.env:
+            if env.get(name, "").strip():
+                raw, source = env[name].strip(), name
+                break
+    if raw is None:
+        return None
+    try:
+        return option.parse(raw)
+    except ValueError as exc:
+        shown = raw if option.dest not in ("secret_access_key", "token", "session_token") else "…"
+        raise UsageError(f"invalid {source}={shown!r}: {exc}") from None
+
+
+def load_settings(
+    defaults: AssetDefaults, argv: list[str] | None, env: Mapping[str, str] | None = None
+) -> Settings:
+    """Parse flags and environment into :class:`Settings`, or raise UsageError."""
+    env = os.environ if env is None else env
+    flags = build_parser(defaults).parse_args(argv)
+    values = {option.dest: _resolve(option, flags, env) for option in OPTIONS}
+
+    uri = values["storage_uri"]
+    if not uri:
+        raise UsageError(
+            "no source given: pass --storage-uri or set STORAGE_URI "
+            "(e.g. hf://org/repo or s3://bucket/prefix)"
+        )
+    if len(uri) > MAX_URI_LENGTH:
+        raise UsageError(f"the storage URI is {len(uri)} characters; at most {MAX_URI_LENGTH}")
+
+    secret_file = values.pop("secret_access_key_file")
+    if secret_file is not None:
+        values["secret_access_key"] = _read_secret_file(secret_file, "secret access key")
+    token_file = values.pop("token_file")
+    if token_file is not None and not values["token"]:
+        values["token"] = _read_secret_file(token_file, "token")
+    if bool(values["access_key_id"]) != bool(values["secret_access_key"]):
+        raise UsageError(
+            "set both ACCESS_KEY_ID and SECRET_ACCESS_KEY (or neither, to use the "
+            "AWS credential chain)"
+        )
+    if values["anonymous"] and (values["access_key_id"] or values["role_arn"]):
+        raise UsageError("--anonymous cannot be combined with access keys or --role-arn")
+
+    allow = values["allow_patterns"]
+    ignore = values["ignore_patterns"]
+    return Settings(
+        kind=defaults.kind,
+        storage_uri=uri,
+        output=values["output"] or defaults.output,
+        revision=values["revision"],
+        allow_patterns=parse_patterns(allow, "allow") if allow else defaults.allow_patterns,
+        ignore_patterns=parse_patterns(ignore, "ignore") if ignore else defaults.ignore_patterns,
+        patterns_are_default=not allow
+        and (not ignore or parse_patterns(ignore, "ignore") == defaults.ignore_patterns),
+        fallback_weights=defaults.fallback_weights,
+        workers=values["workers"] or 16,
+        endpoint=values["endpoint"],
+        hf_endpoint=values["hf_endpoint"],
+        region=values["region"] or "auto",
+        role_arn=values["role_arn"],
+        anonymous=bool(values["anonymous"]),
+        access_key_id=values["access_key_id"],
+        secret_access_key=values["secret_access_key"],
+        session_token=values["session_token"],
+        token=values["token"],
+        ca_bundle=values["ca_bundle"],
+        log_format=values["log_format"] or "text",
+        progress_interval=values["progress_interval"] or 5.0,
+        timeout=values["timeout"] or 60.0,
+        termination_log=values["termination_log"] or Path("/dev/termination-log"),
+        debug=bool(values["debug"]),
+    )

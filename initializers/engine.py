@@ -1,0 +1,497 @@
+"""The transfer engine: one implementation of fetching, for every source and both assets.
+
+Given the files a source lists, it decides what is already in place, fetches the rest in
+parallel byte ranges (bounded memory: one 1 MiB chunk in flight per worker), verifies size and
+checksum, commits each file by atomic rename, and writes the manifest last.
+
+On disk, under the destination::
+
+    NAME                        committed files (final names only ever hold complete files)
+    .NAME.part                  bytes being fetched, at their final offsets
+    .NAME.part.journal          which intervals of the .part are done (large files only)
+    .initializer-commits.jsonl  files committed by a run that has not finished yet
+    .initializer-manifest.json  written last: the folder is complete
+    .initializer.lock           held while a run works on the folder
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import shutil
+import threading
+import time
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from initializers import checksum as checksums
+from initializers.errors import (
+    ExitCode,
+    InitializerError,
+    IntegrityError,
+    LocalStorageError,
+)
+from initializers.fsutil import (
+    ensure_dir_inside,
+    fsync_dir,
+    journal_path,
+    part_path,
+)
+from initializers.journal import CommitLog, RangeJournal, holes
+from initializers.manifest import (
+    FileRecord,
+    Manifest,
+    read_manifest,
+    record_is_intact,
+    remove_manifest,
+    write_manifest,
+)
+from initializers.progress import Progress, Reporter
+from initializers.progress import human_bytes as _gib
+from initializers.retry import RetryPolicy
+from initializers.sources.base import RemoteFile, Source
+
+log = logging.getLogger(__name__)
+
+MIB = 1 << 20
+RANGE_SIZE = 32 * MIB  # bytes per request for large files
+CHECKPOINT = 8 * MIB  # journal granularity: at most this much is refetched per range on resume
+LOCK_NAME = ".initializer.lock"
+
+
+class Cancelled(Exception):
+    """Raised inside workers once the run is stopping (another failure, or SIGTERM)."""
+
+
+class Interrupted(InitializerError):
+    """The run was stopped by a signal; everything fetched so far is kept for a rerun."""
+
+    exit_code = ExitCode.INTERRUPTED
+
+
+@dataclass
+class Outcome:
+    """What a run did, for the closing log line and the tests."""
+
+    files_total: int = 0
+    files_fetched: int = 0
+    bytes_total: int = 0
+    bytes_fetched: int = 0
+    bytes_resumed: int = 0
+    removed: list[str] = field(default_factory=list)
+    up_to_date: bool = False
+    seconds: float = 0.0
+
+
+def _storage_error(exc: OSError, what: Path | str) -> LocalStorageError:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return LocalStorageError(
+            f"no space left on the volume while writing {what}; free space "
+            "or use a bigger volume, then rerun (fetched bytes are kept)"
+        )
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return LocalStorageError(
+            f"cannot write {what}: {exc.strerror}; make the destination "
+            "writable by this user (fsGroup / permissions)"
+        )
+    return LocalStorageError(f"cannot write {what}: {exc.strerror or exc}")
+
+
+class DestinationLock:
+    """An exclusive flock on the destination, so two initializers never interleave writes."""
+
+    def __init__(self, dest: Path) -> None:
+        self._path = dest / LOCK_NAME
+        self._fd: int | None = None
+
+    def __enter__(self) -> DestinationLock:
+        try:
+            self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as exc:
+            raise _storage_error(exc, self._path) from None
+        waited = 0.0
+        while True:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return self
+            except BlockingIOError:
+                if waited % 30 == 0:
+                    log.info(
+                        "another initializer is working on %s; waiting for it to finish",
+                        self._path.parent,
+                    )
+                time.sleep(1)
+                waited += 1
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+
+
+class FileJob:
+    """One file being fetched: its .part, its journal, and the ranges still to do."""
+
+    def __init__(self, remote: RemoteFile, final: Path) -> None:
+        self.remote = remote
+        self.final = final
+        self.part = part_path(final)
+        self.journal = RangeJournal(
+            journal_path(final), {"size": remote.size, "version": remote.version}
+        )
+        self.resumable = remote.size > CHECKPOINT
+        self.fd: int | None = None
+        self.headers: dict[str, str] | None = None
+        self.ranges: list[tuple[int, int]] = []
+        self.present = 0  # bytes kept from an interrupted run
+        self.refetched = False  # set after one checksum mismatch; a second one is final
+        self._lock = threading.Lock()
+        self._pending = 0
+
+    def prepare(self) -> None:
+        """Open the .part (keeping resumable bytes) and work out which ranges remain."""
+        done = []
+        if self.resumable and self._part_size() == self.remote.size:
+            done = self.journal.load()
+        fresh = not done
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | (os.O_TRUNC if fresh else 0)
+        try:
+            self.fd = os.open(self.part, flags, 0o644)
+            os.ftruncate(self.fd, self.remote.size)
+            if self.resumable:
+                self.journal.open(fresh=fresh)
+        except OSError as exc:
+            raise _storage_error(exc, self.final) from None
+        missing = holes(done, self.remote.size)
+        self.present = self.remote.size - sum(end - start for start, end in missing)
+        self.ranges = [r for start, end in missing for r in _split(start, end)]
+        self._pending = len(self.ranges)
+
+    def _part_size(self) -> int:
+        try:
+            return os.stat(self.part, follow_symlinks=False).st_size
+        except OSError:
+            return -1
+
+    def range_finished(self) -> bool:
+        """Count one range done; True for the caller that finished the last one."""
+        with self._lock:
+            self._pending -= 1
+            return self._pending == 0
+
+    def note_headers(self, headers: object) -> None:
+        if self.headers is None:
+            self.headers = {k.lower(): v for k, v in dict(headers).items()}  # type: ignore[call-overload]
+
+    def discard(self) -> None:
+        """Forget the bytes on disk (after a checksum mismatch)."""
+        self.close()
+        self.journal.remove()
+        self.part.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        self.journal.close()
+
+
+def _split(start: int, end: int) -> list[tuple[int, int]]:
+    if end - start <= RANGE_SIZE + RANGE_SIZE // 2:
+        return [(start, end)]
+    count = -(-(end - start) // RANGE_SIZE)
+    step = -(-(end - start) // count)
+    return [(s, min(s + step, end)) for s in range(start, end, step)]
+
+
+class Engine:
+    """Syncs a destination folder with the files a source lists."""
+
+    def __init__(
+        self,
+        source: Source,
+        dest: Path,
+        *,
+        workers: int = 16,
+        retry: RetryPolicy | None = None,
+        label: str = "fetch",
+        progress_interval: float = 5.0,
+        stop: threading.Event | None = None,
+    ) -> None:
+        self.source = source
+        self.dest = dest
+        self.workers = workers
+        self.retry = retry or RetryPolicy()
+        self.label = label
+        self.progress_interval = progress_interval
+        self.stop = stop or threading.Event()
+        self._commits = CommitLog(dest)
+        self._progress = Progress(0, 0, 0)
+
+    # -- planning -------------------------------------------------------------------------------
+
+    def sync(self, files: list[RemoteFile], source_uri: str, revision: str | None) -> Outcome:
+        started = time.monotonic()
+        self._make_dest()
+        with DestinationLock(self.dest):
+            outcome = self._sync_locked(files, source_uri, revision)
+        outcome.seconds = time.monotonic() - started
+        return outcome
+
+    def _make_dest(self) -> None:
+        try:
+            self.dest.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _storage_error(exc, self.dest) from None
+        if not os.access(self.dest, os.W_OK | os.X_OK):
+            raise LocalStorageError(
+                f"cannot write to {self.dest}: permission denied; make it "
+                "writable by this user (fsGroup / permissions)"
+            )
+
+    def _sync_locked(
+        self, files: list[RemoteFile], source_uri: str, revision: str | None
+    ) -> Outcome:
+        old = read_manifest(self.dest)
+        ours = dict(old.files) if old else {}
+        ours.update(self._commits.load())
+        kept: dict[str, FileRecord] = {}
+        todo: list[RemoteFile] = []
+        for remote in files:
+            record = ours.get(remote.path)
+            if (
+                record
+                and record.version == remote.version
+                and record.size == remote.size
+                and record_is_intact(self.dest, remote.path, record)
+            ):
+                kept[remote.path] = record
+            else:
+                todo.append(remote)
+        listed = {f.path for f in files}
+        stale = sorted(path for path in ours if path not in listed)
+        outcome = Outcome(files_total=len(files), bytes_total=sum(f.size for f in files))
+        if (
+            not todo
+            and not stale
+            and old is not None
+            and old.source == source_uri
+            and old.revision == revision
+        ):
+            outcome.up_to_date = True
+            return outcome
+
+        remove_manifest(self.dest)
+        outcome.removed = self._remove_stale(stale)
+        jobs = self._plan_jobs(todo)
+        outcome.bytes_resumed = sum(job.present for job in jobs)
+        self._check_space(jobs)
+        self._progress = Progress(
+            len(files),
+            outcome.bytes_total,
+            sum(r.size for r in kept.values()) + outcome.bytes_resumed,
+        )
+        for _ in kept:
+            self._progress.file_done()
+        if jobs:
+            log.info(
+                "%s: fetching %d of %d files (%s)%s",
+                self.label,
+                len(jobs),
+                len(files),
+                _gib(sum(j.remote.size for j in jobs)),
+                f", resuming {_gib(outcome.bytes_resumed)} already on disk"
+                if outcome.bytes_resumed
+                else "",
+            )
+        with Reporter(self._progress, self.label, self.progress_interval):
+            committed = self._run_jobs(jobs)
+        outcome.files_fetched = len(committed)
+        outcome.bytes_fetched = self._progress.snapshot().bytes_fetched
+        kept.update(committed)
+
+        for folder in {(self.dest / p).parent for p in committed}:
+            fsync_dir(folder)
+        manifest = Manifest(source=source_uri, revision=revision, files=kept)
+        try:
+            write_manifest(self.dest, manifest)
+        except OSError as exc:
+            raise _storage_error(exc, self.dest / ".initializer-manifest.json") from None
+        self._commits.remove()
+        return outcome
+
+    def _remove_stale(self, stale: list[str]) -> list[str]:
+        """Delete files a previous run committed that the source no longer lists."""
+        removed = []
+        for path in stale:
+            target = self.dest / path
+            if target.is_file() and not target.is_symlink():
+                target.unlink()
+                removed.append(path)
+        if removed:
+            log.info("%s: removed %d file(s) no longer in the source", self.label, len(removed))
+        return removed
+
+    def _plan_jobs(self, todo: list[RemoteFile]) -> list[FileJob]:
+        jobs = []
+        for remote in sorted(todo, key=lambda f: -f.size):  # largest first: shortest tail
+            final = self.dest / remote.path
+            ensure_dir_inside(self.dest, final.parent)
+            if final.is_symlink() or final.is_dir():
+                raise LocalStorageError(
+                    f"{final} is a symlink or a folder where the source has "
+                    "a file; remove it and rerun"
+                )
+            job = FileJob(remote, final)
+            job.prepare()
+            jobs.append(job)
+        return jobs
+
+    def _check_space(self, jobs: list[FileJob]) -> None:
+        needed = sum(job.remote.size - job.present for job in jobs)
+        free = shutil.disk_usage(self.dest).free
+        if needed > free:
+            raise LocalStorageError(
+                f"{self.dest} has {_gib(free)} free but the fetch needs "
+                f"{_gib(needed)} more; free space or use a bigger volume"
+            )
+
+    # -- fetching -------------------------------------------------------------------------------
+
+    def _run_jobs(self, jobs: list[FileJob]) -> dict[str, FileRecord]:
+        committed: dict[str, FileRecord] = {}
+        lock = threading.Lock()
+
+        def finish(job: FileJob) -> None:
+            record = self._commit(job)
+            with lock:
+                committed[job.remote.path] = record
+
+        def run_range(job: FileJob, start: int, end: int) -> None:
+            self._fetch_range(job, start, end)
+            if job.range_finished():
+                finish(job)
+
+        try:
+            with ThreadPoolExecutor(self.workers, thread_name_prefix="fetch") as pool:
+                futures = []
+                for job in jobs:
+                    if not job.ranges:  # empty file, or every byte already on disk
+                        futures.append(pool.submit(finish, job))
+                    futures.extend(pool.submit(run_range, job, s, e) for s, e in job.ranges)
+                done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+                if any(f.exception() for f in done):
+                    self.stop.set()
+                    for future in futures:
+                        future.cancel()
+                errors = [f.exception() for f in futures if not f.cancelled() and f.exception()]
+        finally:
+            for job in jobs:
+                job.close()
+        real = [e for e in errors if not isinstance(e, Cancelled)]
+        if real:
+            raise real[0]
+        if errors or self.stop.is_set():
+            raise Interrupted("stopped by a signal; rerun to resume (fetched bytes are kept)")
+        return committed
+
+    def _fetch_range(self, job: FileJob, start: int, end: int) -> None:
+        """Fetch ``[start, end)`` into the .part, resuming within the range on retries."""
+        position = start
+        checkpoint = start
+
+        def attempt() -> None:
+            nonlocal position, checkpoint
+            if self.stop.is_set():
+                raise Cancelled
+            with self.source.open_range(job.remote, position, end) as reader:
+                job.note_headers(reader.headers)
+                for chunk in reader.chunks():
+                    if self.stop.is_set():
+                        raise Cancelled
+                    self._write(job, chunk, position)
+                    position += len(chunk)
+                    self._progress.add_bytes(len(chunk))
+                    if job.resumable and position - checkpoint >= CHECKPOINT:
+                        job.journal.record(start, position)
+                        checkpoint = position
+
+        try:
+            self.retry.call(attempt, job.remote.path)
+        finally:
+            if job.resumable and position > checkpoint:
+                job.journal.record(start, position)
+
+    def _write(self, job: FileJob, chunk: bytes, offset: int) -> None:
+        view = memoryview(chunk)
+        try:
+            while view:
+                written = os.pwrite(job.fd, view, offset)  # type: ignore[arg-type]
+                view, offset = view[written:], offset + written
+        except OSError as exc:
+            raise _storage_error(exc, job.final) from None
+
+    # -- committing -----------------------------------------------------------------------------
+
+    def _commit(self, job: FileJob) -> FileRecord:
+        """Verify the finished .part, make it durable and give it its final name."""
+        expected = self.source.checksum_for(job.remote, job.headers or {})
+        if expected and not checksums.is_supported(expected.algorithm):
+            log.debug("%s: cannot verify %s here; size checked only", job.remote.path, expected)
+            expected = None
+        if expected:
+            actual = checksums.digest_file(job.fd, job.remote.size, expected.algorithm)  # type: ignore[arg-type]
+            if actual != expected.value:
+                return self._refetch_after_mismatch(job, str(expected), actual)
+        try:
+            os.fsync(job.fd)  # type: ignore[arg-type]
+            job.close()
+            os.replace(job.part, job.final)
+            mtime_ns = os.stat(job.final).st_mtime_ns
+        except OSError as exc:
+            raise _storage_error(exc, job.final) from None
+        job.journal.remove()
+        record = FileRecord(
+            size=job.remote.size,
+            checksum=str(expected) if expected else None,
+            version=job.remote.version,
+            mtime_ns=mtime_ns,
+        )
+        self._commits.append(job.remote.path, record)
+        self._progress.file_done()
+        return record
+
+    def _refetch_after_mismatch(self, job: FileJob, expected: str, actual: str) -> FileRecord:
+        if job.refetched:
+            job.discard()
+            raise IntegrityError(
+                f"{job.remote.path}: checksum mismatch twice (expected {expected}, got "
+                f"{actual}); the source object may be corrupt — check it, then rerun"
+            )
+        log.warning(
+            "%s: checksum mismatch (expected %s); fetching it again", job.remote.path, expected
+        )
+        job.discard()
+        job.refetched = True
+        job.prepare()
+        for start, end in job.ranges:
+            self._fetch_range(job, start, end)
+        return self._commit(job)
+
+
+def describe_outcome(label: str, outcome: Outcome) -> str:
+    if outcome.up_to_date:
+        return (
+            f"{label}: already complete ({outcome.files_total} files, "
+            f"{_gib(outcome.bytes_total)}); nothing to fetch"
+        )
+    rate = outcome.bytes_fetched / outcome.seconds / MIB if outcome.seconds else 0.0
+    resumed = f", {_gib(outcome.bytes_resumed)} resumed" if outcome.bytes_resumed else ""
+    return (
+        f"{label}: done — {outcome.files_fetched} fetched, "
+        f"{outcome.files_total - outcome.files_fetched} already present{resumed}, "
+        f"{_gib(outcome.bytes_fetched)} transferred in {outcome.seconds:.1f}s "
+        f"({rate:.1f} MiB/s)"
+    )

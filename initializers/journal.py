@@ -1,0 +1,130 @@
+"""Append-only records that make interrupted work resumable.
+
+* :class:`RangeJournal` sits beside a ``.part`` file and records which byte intervals are on
+  disk, so a rerun after a kill fetches only the holes.
+* :class:`CommitLog` sits at the destination root and records each file committed by a run that
+  has not yet written its manifest, so a rerun keeps them.
+
+Both are plain appends of short lines: a torn last line after a crash is simply ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import asdict
+from pathlib import Path
+
+from initializers.manifest import FileRecord
+
+Interval = tuple[int, int]
+
+
+def merge(intervals: list[Interval]) -> list[Interval]:
+    merged: list[Interval] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        elif start < end:
+            merged.append((start, end))
+    return merged
+
+
+def holes(done: list[Interval], size: int) -> list[Interval]:
+    """The parts of ``[0, size)`` not covered by ``done``."""
+    missing, cursor = [], 0
+    for start, end in merge(done):
+        if start > cursor:
+            missing.append((cursor, start))
+        cursor = max(cursor, end)
+    if cursor < size:
+        missing.append((cursor, size))
+    return missing
+
+
+class RangeJournal:
+    """Which intervals of one ``.part`` file hold verified-length bytes of one version."""
+
+    def __init__(self, path: Path, identity: dict[str, object]) -> None:
+        self.path = path
+        self._identity = identity
+        self._fd: int | None = None
+
+    def load(self) -> list[Interval]:
+        """Intervals recorded for the same identity; empty when absent or for another version."""
+        try:
+            lines = self.path.read_text().splitlines()
+        except (OSError, UnicodeDecodeError):
+            return []
+        try:
+            if not lines or json.loads(lines[0]) != self._identity:
+                return []
+        except ValueError:
+            return []
+        done = []
+        for line in lines[1:]:
+            fields = line.split()
+            if len(fields) == 2 and all(f.isdigit() for f in fields):
+                done.append((int(fields[0]), int(fields[1])))
+        return merge(done)
+
+    def open(self, fresh: bool) -> None:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+        if fresh:
+            flags |= os.O_TRUNC
+        self._fd = os.open(self.path, flags, 0o644)
+        if fresh:
+            os.write(self._fd, (json.dumps(self._identity) + "\n").encode())
+
+    def record(self, start: int, end: int) -> None:
+        if self._fd is not None and end > start:
+            os.write(self._fd, f"{start} {end}\n".encode())
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def remove(self) -> None:
+        self.close()
+        self.path.unlink(missing_ok=True)
+
+
+class CommitLog:
+    """Files committed by a run whose manifest is not written yet."""
+
+    NAME = ".initializer-commits.jsonl"
+
+    def __init__(self, dest: Path) -> None:
+        self.path = dest / self.NAME
+        self._fd: int | None = None
+        self._lock = threading.Lock()
+
+    def load(self) -> dict[str, FileRecord]:
+        records: dict[str, FileRecord] = {}
+        try:
+            lines = self.path.read_text().splitlines()
+        except (OSError, UnicodeDecodeError):
+            return records
+        for line in lines:
+            try:
+                entry = json.loads(line)
+                records[entry.pop("path")] = FileRecord(**entry)
+            except (ValueError, TypeError, KeyError, AttributeError):
+                continue
+        return records
+
+    def append(self, path: str, record: FileRecord) -> None:
+        line = (json.dumps({"path": path, **asdict(record)}) + "\n").encode()
+        with self._lock:
+            if self._fd is None:
+                flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+                self._fd = os.open(self.path, flags, 0o644)
+            os.write(self._fd, line)
+
+    def remove(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self.path.unlink(missing_ok=True)

@@ -1,0 +1,92 @@
+"""The small interface every source implements; the engine does everything else.
+
+A source turns a storage URI into a :class:`Listing` (what files exist, how big, which version,
+which checksum) and opens byte ranges of one file. Filtering, skipping finished work, fan-out,
+retries, verification, commit and the manifest are the engine's.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Self
+
+if TYPE_CHECKING:
+    from initializers.config import Settings
+
+
+@dataclass(frozen=True)
+class Checksum:
+    """An expected digest: ``algorithm`` is a :mod:`initializers.checksum` name."""
+
+    algorithm: str
+    value: str
+
+    def __str__(self) -> str:
+        return f"{self.algorithm}:{self.value}"
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """One file a source offers, named by its path relative to the storage URI."""
+
+    path: str
+    size: int
+    version: str | None  # changes whenever the content changes (ETag, blob id, ...)
+    checksum: Checksum | None = None
+    locator: str = ""  # source-specific address: the S3 key, the path in the repo, ...
+
+
+@dataclass(frozen=True)
+class Listing:
+    """Everything under a storage URI at one point in time."""
+
+    revision: str | None  # resolved commit (Hub); None where the source has no such notion
+    files: list[RemoteFile]
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (raw name, why) refused
+
+
+class RangeReader(AbstractContextManager["RangeReader"]):
+    """An open response for bytes ``[start, end)`` of one file."""
+
+    headers: Mapping[str, str]
+
+    @abstractmethod
+    def chunks(self) -> Iterator[bytes]:
+        """Yield the body in chunks; raise TransientError on a retryable failure."""
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class Source(ABC):
+    """A storage backend, selected by URI scheme through :mod:`initializers.sources`."""
+
+    @classmethod
+    @abstractmethod
+    def from_settings(cls, location: str, settings: Settings) -> Self:
+        """Build the source for ``scheme://location``; raise UsageError for a bad location."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """The URI as it may be shown in logs (never with credentials)."""
+
+    @abstractmethod
+    def list(self) -> Listing:
+        """List the files under the URI; raise NotFoundError when there are none."""
+
+    @abstractmethod
+    def open_range(self, file: RemoteFile, start: int, end: int) -> RangeReader:
+        """Open bytes ``[start, end)`` of ``file``."""
+
+    def checksum_for(self, file: RemoteFile, headers: Mapping[str, str]) -> Checksum | None:
+        """The digest to verify, given the response headers (a source may withdraw it)."""
+        return file.checksum
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release pooled connections."""

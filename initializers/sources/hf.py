@@ -1,0 +1,215 @@
+"""hf:// — Hugging Face Hub repos (models, datasets), listed with huggingface_hub.
+
+huggingface_hub parses the URI (``hf://[datasets/]org/repo[@rev][/path]``), resolves the
+revision to a commit, lists the tree and raises typed errors for private, gated and missing
+repos. Bytes come from the ``resolve`` URL pinned to that commit, as ranged GETs through the
+shared transport: redirects to the CDN (or, for Xet-backed files on the real Hub, to its HTTP
+bridge) are followed and the token is never sent to another host.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Self
+
+import httpx2
+from huggingface_hub import HfApi, hf_hub_url
+from huggingface_hub.errors import (
+    DisabledRepoError,
+    EntryNotFoundError,
+    GatedRepoError,
+    HfHubHTTPError,
+    HfUriError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from huggingface_hub.hf_api import RepoFile, RepoFolder
+from huggingface_hub.utils import parse_hf_uri
+
+from initializers import __version__
+from initializers.config import Settings
+from initializers.errors import AuthError, NotFoundError, TransientError, UsageError
+from initializers.fsutil import UnsafePathError, safe_relpath
+from initializers.retry import RetryPolicy
+from initializers.sources.base import Checksum, Listing, RangeReader, RemoteFile, Source
+from initializers.transport import HttpTransport
+
+log = logging.getLogger(__name__)
+DEFAULT_ENDPOINT = "https://huggingface.co"
+
+
+class HfSource(Source):
+    """Files of one Hub repo at one commit, optionally under one folder or a single file."""
+
+    def __init__(self, location: str, settings: Settings, retry: RetryPolicy | None = None):
+        try:
+            uri = parse_hf_uri(f"hf://{location}")
+        except HfUriError as exc:
+            raise UsageError(
+                f"{exc.msg.rstrip('.')} in hf://{location}; expected "
+                "hf://[datasets/]org/repo[@revision][/path]"
+            ) from None
+        if uri.type not in ("model", "dataset", "space"):
+            raise UsageError(
+                f"hf://{location}: {uri.type} URIs are not supported; use a model or dataset repo"
+            )
+        self.repo_id = uri.id
+        self.repo_type = uri.type
+        self.revision = settings.revision or uri.revision or "main"
+        self.path = uri.path_in_repo.strip("/")
+        self.settings = settings
+        self.retry = retry or RetryPolicy()
+        self.endpoint = (settings.hf_endpoint or DEFAULT_ENDPOINT).rstrip("/")
+        self._api = HfApi(
+            endpoint=self.endpoint,
+            token=settings.token or False,
+            library_name="kf-initializers",
+            library_version=__version__,
+        )
+        self._transport = HttpTransport(
+            workers=settings.workers, timeout=settings.timeout, ca_bundle=settings.ca_bundle
+        )
+        self._headers = {"User-Agent": f"kf-initializers/{__version__}"}
+        if settings.token:
+            self._headers["Authorization"] = f"Bearer {settings.token}"
+        self._commit: str | None = None
+
+    @classmethod
+    def from_settings(cls, location: str, settings: Settings) -> Self:
+        return cls(location, settings)
+
+    def describe(self) -> str:
+        kind = "" if self.repo_type == "model" else f"{self.repo_type}s/"
+        path = f"/{self.path}" if self.path else ""
+        return f"hf://{kind}{self.repo_id}@{self.revision}{path}"
+
+    # -- listing --------------------------------------------------------------------------------
+
+    def list(self) -> Listing:
+        info = self._call(
+            lambda: self._api.repo_info(
+                self.repo_id, revision=self.revision, repo_type=self.repo_type
+            )
+        )
+        self._commit = info.sha
+        entries = self._entries()
+        files, skipped = [], []
+        for entry in entries:
+            relative = entry.path[len(self.path) + 1 :] if self.path else entry.path
+            if not relative:  # the URI named this very file
+                relative = entry.path.rsplit("/", 1)[-1]
+            try:
+                files.append(self._remote(safe_relpath(relative), entry))
+            except UnsafePathError as exc:
+                skipped.append((entry.path, str(exc)))
+        if not files and not skipped:
+            raise NotFoundError(f"{self.describe()} holds no files")
+        return Listing(self._commit, files, skipped)
+
+    def _entries(self) -> list[RepoFile]:
+        commit = self._commit
+        if self.path:
+            found = self._call(
+                lambda: self._api.get_paths_info(
+                    self.repo_id, [self.path], revision=commit, repo_type=self.repo_type
+                )
+            )
+            if not found:
+                raise NotFoundError(
+                    f"{self.describe()}: no file or folder {self.path!r} in the "
+                    "repo at that revision"
+                )
+            if isinstance(found[0], RepoFile):
+                return [found[0]]
+        tree = self._call(
+            lambda: list(
+                self._api.list_repo_tree(
+                    self.repo_id,
+                    path_in_repo=self.path or None,
+                    recursive=True,
+                    revision=commit,
+                    repo_type=self.repo_type,
+                )
+            )
+        )
+        return [entry for entry in tree if not isinstance(entry, RepoFolder)]
+
+    def _remote(self, relative: str, entry: RepoFile) -> RemoteFile:
+        if entry.lfs is not None:
+            return RemoteFile(
+                relative,
+                entry.size,
+                entry.lfs.sha256,
+                Checksum("sha256", entry.lfs.sha256),
+                entry.path,
+            )
+        return RemoteFile(
+            relative, entry.size, entry.blob_id, Checksum("git-sha1", entry.blob_id), entry.path
+        )
+
+    # -- fetching -------------------------------------------------------------------------------
+
+    def open_range(self, file: RemoteFile, start: int, end: int) -> RangeReader:
+        url = hf_hub_url(
+            self.repo_id,
+            file.locator,
+            repo_type=self.repo_type,
+            revision=self._commit,
+            endpoint=self.endpoint,
+        )
+        return self._transport.open_range(url, self._headers, start, end, file.path)
+
+    def close(self) -> None:
+        self._transport.close()
+
+    # -- errors ---------------------------------------------------------------------------------
+
+    def _call(self, fn: Any) -> Any:
+        return self.retry.call(lambda: self._map_errors(fn), self.describe())
+
+    def _map_errors(self, fn: Any) -> Any:
+        where = self.describe()
+        repo_url = (
+            f"{self.endpoint}/{'' if self.repo_type == 'model' else 'datasets/'}{self.repo_id}"
+        )
+        try:
+            return fn()
+        except GatedRepoError:
+            raise AuthError(
+                f"{where} is gated: accept its conditions at {repo_url} with your "
+                "account, then pass that account's token (ACCESS_TOKEN or HF_TOKEN)"
+            ) from None
+        except RepositoryNotFoundError:
+            token_hint = (
+                "the token may lack access to it"
+                if self.settings.token
+                else "if it is private, pass a token (ACCESS_TOKEN or HF_TOKEN)"
+            )
+            raise NotFoundError(
+                f"{where}: repository not found — check the name; {token_hint}"
+            ) from None
+        except RevisionNotFoundError:
+            raise NotFoundError(
+                f"{where}: revision {self.revision!r} does not exist — use a "
+                "branch, tag or commit of the repo"
+            ) from None
+        except EntryNotFoundError:
+            raise NotFoundError(
+                f"{where}: path {self.path!r} does not exist at that revision"
+            ) from None
+        except DisabledRepoError:
+            raise NotFoundError(f"{where}: the repository is disabled on the Hub") from None
+        except HfHubHTTPError as exc:
+            status = exc.response.status_code if exc.response is not None else 0
+            if status in (401, 403):
+                raise AuthError(
+                    f"{where}: access denied (HTTP {status}); check the token "
+                    "(ACCESS_TOKEN or HF_TOKEN)"
+                ) from None
+            if status in (408, 429) or status >= 500:
+                raise TransientError(f"{where}: the Hub answered HTTP {status}") from None
+            raise UsageError(f"{where}: the Hub refused the request (HTTP {status})") from None
+        except httpx2.TransportError as exc:
+            raise TransientError(
+                f"{where}: cannot reach {self.endpoint} ({type(exc).__name__})"
+            ) from None

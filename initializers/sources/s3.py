@@ -1,0 +1,401 @@
+"""s3:// — any S3-compatible store, listed with boto3, fetched over the shared HTTP transport.
+
+boto3 does what it is good at: the credential chain (env, profiles, web identity / IRSA, STS
+role assumption with refresh), region discovery, endpoint and addressing rules, paginated
+listing. Bytes travel as SigV4-presigned ranged GETs through :mod:`initializers.transport`,
+which streams at loopback speed where botocore's own body handling is CPU-bound.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Self
+from urllib.parse import quote
+
+import boto3
+import botocore.exceptions as bexc
+import botocore.session
+from botocore import UNSIGNED
+from botocore.auth import S3SigV4QueryAuth
+from botocore.awsrequest import AWSRequest
+from botocore.config import Config
+from botocore.credentials import (
+    AssumeRoleCredentialFetcher,
+    DeferredRefreshableCredentials,
+)
+
+from initializers.config import Settings
+from initializers.errors import AuthError, NotFoundError, TransientError, UsageError
+from initializers.fsutil import UnsafePathError, safe_relpath
+from initializers.retry import RetryPolicy
+from initializers.sources.base import Checksum, Listing, RangeReader, RemoteFile, Source
+from initializers.transport import HttpTransport
+
+log = logging.getLogger(__name__)
+
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-_]{1,253}[a-z0-9]$")
+_MD5_ETAG = re.compile(r"^[0-9a-f]{32}$")
+PRESIGN_SECONDS = 3600
+# S3 "additional checksums", in order of preference (full-object CRCs are cheapest to verify).
+_ADDITIONAL = (
+    ("CRC64NVME", "s3-crc64nvme"),
+    ("CRC32C", "s3-crc32c"),
+    ("CRC32", "s3-crc32"),
+    ("SHA256", "s3-sha256"),
+    ("SHA1", "s3-sha1"),
+)
+_AUTH_CODES = {
+    "AccessDenied",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+    "InvalidToken",
+    "TokenRefreshRequired",
+    "AllAccessDisabled",
+    "403",
+    "401",
+}
+_TRANSIENT_CODES = {
+    "SlowDown",
+    "InternalError",
+    "ServiceUnavailable",
+    "RequestTimeout",
+    "Throttling",
+    "ThrottlingException",
+    "RequestTimeTooSkewed",
+    "500",
+    "502",
+    "503",
+    "504",
+}
+
+
+@dataclass(frozen=True)
+class S3Location:
+    bucket: str
+    prefix: str  # "" for the whole bucket; ends with "/" when the URI named a folder
+
+    @classmethod
+    def parse(cls, location: str) -> S3Location:
+        bucket, slash, prefix = location.partition("/")
+        if not _BUCKET.match(bucket) or ".." in bucket:
+            raise UsageError(
+                f"s3://{location}: {bucket!r} is not a valid bucket name "
+                "(3-255 lowercase letters, digits, '.', '-')"
+            )
+        if not slash:
+            raise UsageError(
+                f"s3://{bucket} names a whole bucket; add a prefix "
+                f"(s3://{bucket}/path) or write s3://{bucket}/ to fetch all of it"
+            )
+        if prefix.startswith("/"):
+            raise UsageError(f"s3://{location}: the key starts with '/'; remove the extra slash")
+        return cls(bucket, prefix)
+
+
+class S3Source(Source):
+    """Objects under ``s3://bucket/prefix`` (on a ``/`` boundary), or one object."""
+
+    def __init__(
+        self, location: S3Location, settings: Settings, retry: RetryPolicy | None = None
+    ) -> None:
+        self.location = location
+        self.settings = settings
+        self.retry = retry or RetryPolicy()
+        self._session = _make_session(settings)
+        self._client = self._make_client(self._region())
+        self._transport = HttpTransport(
+            workers=settings.workers, timeout=settings.timeout, ca_bundle=settings.ca_bundle
+        )
+        self._base_url = self._bucket_url()
+        self._credentials = None if settings.anonymous else self._resolve_credentials()
+        self._with_additional: set[str] = set()  # keys listed with an additional checksum
+
+    @classmethod
+    def from_settings(cls, location: str, settings: Settings) -> Self:
+        return cls(S3Location.parse(location), settings)
+
+    def describe(self) -> str:
+        return f"s3://{self.location.bucket}/{self.location.prefix}"
+
+    # -- clients and credentials ---------------------------------------------------------------
+
+    def _config(self, region: str) -> Config:
+        return Config(
+            region_name=region,
+            signature_version=UNSIGNED if self.settings.anonymous else "s3v4",
+            s3={"addressing_style": "path" if self.settings.endpoint else "auto"},
+            retries={"max_attempts": 1, "mode": "standard"},  # our RetryPolicy retries
+            connect_timeout=min(10.0, self.settings.timeout),
+            read_timeout=self.settings.timeout,
+            max_pool_connections=self.settings.workers,
+        )
+
+    def _make_client(self, region: str) -> Any:
+        try:
+            return self._session.client(
+                "s3",
+                endpoint_url=self.settings.endpoint,
+                config=self._config(region),
+                verify=self.settings.ca_bundle,
+            )
+        except ValueError as exc:  # malformed endpoint URL
+            raise UsageError(f"invalid S3 endpoint {self.settings.endpoint!r}: {exc}") from None
+
+    def _region(self) -> str:
+        """The signing region: 'auto' asks AWS where the bucket lives; custom endpoints get
+        us-east-1, which MinIO, Ceph and R2 accept."""
+        region = self.settings.region
+        if region != "auto":
+            return region
+        if self.settings.endpoint:
+            return "us-east-1"  # MinIO, Ceph, R2 ... accept it for SigV4
+        probe = self._make_client("us-east-1")
+        try:
+            response = self._call(lambda: probe.head_bucket(Bucket=self.location.bucket))
+            found = response["ResponseMetadata"]["HTTPHeaders"].get("x-amz-bucket-region")
+        except (AuthError, NotFoundError) as exc:
+            found = getattr(exc, "bucket_region", None)
+            if not found:
+                raise
+        log.debug("bucket %s is in %s", self.location.bucket, found)
+        return found or "us-east-1"
+
+    def _resolve_credentials(self) -> Any:
+        credentials = self._session.get_credentials()
+        if credentials is None:
+            raise AuthError(
+                "no S3 credentials found: set ACCESS_KEY_ID and SECRET_ACCESS_KEY, "
+                "AWS_PROFILE, or a web identity (IRSA); use --anonymous for a "
+                "public bucket"
+            )
+        return credentials
+
+    def _bucket_url(self) -> str:
+        """Base URL of the bucket (virtual-hosted or path-style, as botocore decides)."""
+        url = self._client.generate_presigned_url(
+            "get_object", Params={"Bucket": self.location.bucket, "Key": "k"}, ExpiresIn=60
+        )
+        return url.split("?", 1)[0][: -len("k")]
+
+    # -- listing --------------------------------------------------------------------------------
+
+    def list(self) -> Listing:
+        prefix = self.location.prefix
+        folder = prefix if prefix.endswith("/") or not prefix else prefix + "/"
+        objects = self._list_objects(folder)
+        if not objects and prefix and not prefix.endswith("/"):
+            single = self._head_object(prefix)
+            if single is not None:
+                name = prefix.rsplit("/", 1)[-1]
+                return Listing(None, [self._remote(name, prefix, single)])
+        if not objects:
+            raise NotFoundError(
+                f"no objects under {self.describe().rstrip('/')}/ — check the "
+                "bucket and prefix (the prefix matches whole folder names)"
+            )
+        files, skipped = [], []
+        for obj in objects:
+            key = obj["Key"]
+            relative = key[len(folder) :]
+            if key.endswith("/") and obj.get("Size", 0) == 0:
+                continue  # a folder marker
+            try:
+                files.append(self._remote(safe_relpath(relative), key, obj))
+            except UnsafePathError as exc:
+                skipped.append((key, str(exc)))
+        self._with_additional = {o["Key"] for o in objects if o.get("ChecksumAlgorithm")}
+        return Listing(None, files, skipped)
+
+    def _list_objects(self, folder: str) -> list[dict[str, Any]]:
+        def page_all() -> list[dict[str, Any]]:
+            paginator = self._client.get_paginator("list_objects_v2")
+            found: list[dict[str, Any]] = []
+            for page in paginator.paginate(Bucket=self.location.bucket, Prefix=folder):
+                found.extend(page.get("Contents", []))
+            return found
+
+        return self.retry.call(lambda: self._call(page_all), self.describe())
+
+    def _head_object(self, key: str) -> dict[str, Any] | None:
+        try:
+            return self.retry.call(
+                lambda: self._call(
+                    lambda: self._client.head_object(
+                        Bucket=self.location.bucket, Key=key, ChecksumMode="ENABLED"
+                    )
+                ),
+                key,
+            )
+        except NotFoundError:
+            return None
+
+    def _remote(self, path: str, key: str, obj: Mapping[str, Any]) -> RemoteFile:
+        etag = str(obj.get("ETag", "")).strip('"')
+        checksum = Checksum("md5", etag) if _MD5_ETAG.match(etag) else None
+        additional = _additional_checksum(obj)
+        return RemoteFile(
+            path=path,
+            size=int(obj.get("Size", obj.get("ContentLength", 0))),
+            version=etag or None,
+            checksum=additional or checksum,
+            locator=key,
+        )
+
+    # -- fetching -------------------------------------------------------------------------------
+
+    def open_range(self, file: RemoteFile, start: int, end: int) -> RangeReader:
+        whole = start == 0 and end == file.size
+        url = self._base_url + quote(file.locator, safe="/~")
+        # A whole-object GET can carry the object's additional checksum in its headers.
+        signed = {"x-amz-checksum-mode": "ENABLED"} if whole else {}
+        if self._credentials is not None:
+            request = AWSRequest(method="GET", url=url, headers=signed)
+            S3SigV4QueryAuth(
+                self._credentials.get_frozen_credentials(),
+                "s3",
+                self._client.meta.region_name,
+                expires=PRESIGN_SECONDS,
+            ).add_auth(request)
+            url = request.prepare().url
+        headers = {**signed, "If-Match": f'"{file.version}"'} if file.version else signed
+        return self._transport.open_range(url, headers, start, end, file.path, whole=whole)
+
+    def checksum_for(self, file: RemoteFile, headers: Mapping[str, str]) -> Checksum | None:
+        """Prefer the object's additional checksum (from the GET, else one HEAD), then the
+        ETag's MD5 — except with SSE-KMS or SSE-C, where the ETag is not the content's MD5."""
+        found = _additional_checksum(_checksum_headers(headers))
+        if found is None and file.locator in self._with_additional:
+            head = self._head_object(file.locator)
+            found = _additional_checksum(head) if head else None
+        if found is not None:
+            return found
+        sse = headers.get("x-amz-server-side-encryption", "")
+        if (
+            sse.startswith("aws:kms")
+            or "x-amz-server-side-encryption-customer-algorithm" in headers
+        ):
+            return None
+        return file.checksum
+
+    def close(self) -> None:
+        self._transport.close()
+
+    # -- errors ---------------------------------------------------------------------------------
+
+    def _call(self, fn: Any) -> Any:
+        """Run a boto3 call, mapping its failures to typed errors."""
+        where = self.describe()
+        try:
+            return fn()
+        except bexc.NoCredentialsError:
+            raise AuthError(
+                "no S3 credentials found: set ACCESS_KEY_ID and SECRET_ACCESS_KEY, "
+                "AWS_PROFILE, or a web identity (IRSA); use --anonymous for a public "
+                "bucket"
+            ) from None
+        except (
+            bexc.EndpointConnectionError,
+            bexc.ConnectTimeoutError,
+            bexc.ReadTimeoutError,
+            bexc.ConnectionClosedError,
+        ) as exc:
+            raise TransientError(
+                f"{where}: cannot reach the S3 endpoint ({type(exc).__name__})"
+            ) from None
+        except bexc.SSLError:
+            raise UsageError(
+                f"{where}: TLS verification failed; pass --ca-bundle (or "
+                "AWS_CA_BUNDLE) with the endpoint's CA"
+            ) from None
+        except bexc.ClientError as exc:
+            raise _client_error(exc, where, self.location.bucket) from None
+        except bexc.BotoCoreError as exc:
+            raise TransientError(f"{where}: {type(exc).__name__}") from None
+
+
+def _make_session(settings: Settings) -> boto3.session.Session:
+    """A session with the configured keys (or the default chain), assuming ROLE_ARN if set.
+
+    The assumed role's credentials refresh themselves before they expire, so a fetch longer
+    than the role's session duration keeps working.
+    """
+    region = None if settings.region == "auto" else settings.region
+    session = boto3.session.Session(
+        aws_access_key_id=settings.access_key_id,
+        aws_secret_access_key=settings.secret_access_key,
+        aws_session_token=settings.session_token,
+        region_name=region,
+    )
+    if not settings.role_arn:
+        return session
+    source_credentials = session.get_credentials()
+    if source_credentials is None:
+        raise AuthError(
+            "ROLE_ARN is set but there are no credentials to assume it with; set "
+            "ACCESS_KEY_ID/SECRET_ACCESS_KEY or a web identity (IRSA)"
+        )
+    fetcher = AssumeRoleCredentialFetcher(
+        client_creator=session._session.create_client,
+        source_credentials=source_credentials,
+        role_arn=settings.role_arn,
+        extra_args={"RoleSessionName": "kubeflow-initializer"},
+    )
+    assumed = botocore.session.get_session()
+    assumed._credentials = DeferredRefreshableCredentials(
+        method="assume-role", refresh_using=fetcher.fetch_credentials
+    )
+    return boto3.session.Session(botocore_session=assumed, region_name=region)
+
+
+def _client_error(exc: bexc.ClientError, where: str, bucket: str) -> Exception:
+    error = exc.response.get("Error", {})
+    code = str(error.get("Code", ""))
+    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+    headers = exc.response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+    if code in _TRANSIENT_CODES or status in (429, 500, 502, 503, 504):
+        return TransientError(f"{where}: S3 said {code or status}")
+    if code in ("NoSuchBucket",):
+        return NotFoundError(
+            f"{where}: bucket {bucket!r} does not exist — check its name and the endpoint/region"
+        )
+    if code in ("NoSuchKey", "404", "NotFound"):
+        failure = NotFoundError(f"{where}: no such object")
+    elif code in _AUTH_CODES or status in (401, 403):
+        failure = AuthError(
+            f"{where}: access denied ({code or status}); check the credentials "
+            "(ACCESS_KEY_ID / SECRET_ACCESS_KEY, ROLE_ARN) and the bucket policy"
+        )
+    elif code in ("PermanentRedirect", "301", "AuthorizationHeaderMalformed"):
+        failure = UsageError(
+            f"{where}: the bucket is in another region "
+            f"({headers.get('x-amz-bucket-region', 'unknown')}); set --region "
+            "or leave it at 'auto'"
+        )
+    else:
+        return UsageError(f"{where}: S3 refused the request ({code or status})")
+    failure.bucket_region = headers.get("x-amz-bucket-region")  # type: ignore[attr-defined]
+    return failure
+
+
+def _checksum_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """``x-amz-checksum-crc32: v`` response headers → ``{"ChecksumCRC32": v}`` (boto3's keys)."""
+    found = {}
+    for field, _ in _ADDITIONAL:
+        value = headers.get(f"x-amz-checksum-{field.lower()}")
+        if value:
+            found[f"Checksum{field}"] = value
+    if headers.get("x-amz-checksum-type", "").upper() == "COMPOSITE":
+        return {}
+    return found
+
+
+def _additional_checksum(obj: Mapping[str, Any]) -> Checksum | None:
+    for field, algorithm in _ADDITIONAL:
+        value = obj.get(f"Checksum{field}")
+        if value and "-" not in str(value):  # "-N": a composite of part checksums
+            return Checksum(algorithm, str(value))
+    return None

@@ -19,6 +19,7 @@ from initializers.config import AssetDefaults, Settings, load_settings
 from initializers.engine import Engine, Interrupted, describe_outcome
 from initializers.errors import ExitCode, InitializerError, NotFoundError
 from initializers.logs import RedactSecrets, configure
+from initializers.retry import RetryPolicy
 from initializers.selection import select
 from initializers.sources import open_source
 
@@ -96,6 +97,7 @@ def _fetch(settings: Settings, stop: _StopOnSignal) -> None:
             settings.output,
             workers=settings.workers,
             label=settings.kind,
+            retry=RetryPolicy(attempts=settings.retries),
             progress_interval=settings.progress_interval,
             stop=stop.event,
         )

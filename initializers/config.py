@@ -59,6 +59,7 @@ class Settings:
     log_format: str = "text"
     progress_interval: float = 5.0
     timeout: float = 60.0
+    retries: int = 8
     termination_log: Path = Path("/dev/termination-log")
     debug: bool = False
 
@@ -201,6 +202,13 @@ OPTIONS: tuple[Option, ...] = (
         ("TIMEOUT",),
         "seconds a request may stall before it is retried (default 60)",
         _positive_float,
+    ),
+    Option(
+        "retries",
+        "--retries",
+        ("RETRIES",),
+        "attempts per request on transient errors, within 5 minutes (default 8)",
+        _positive_int,
     ),
     Option(
         "termination_log",
@@ -347,6 +355,7 @@ def load_settings(
         log_format=values["log_format"] or "text",
         progress_interval=values["progress_interval"] or 5.0,
         timeout=values["timeout"] or 60.0,
+        retries=values["retries"] or 8,
         termination_log=values["termination_log"] or Path("/dev/termination-log"),
         debug=bool(values["debug"]),
     )

@@ -58,7 +58,7 @@ class HfSource(Source):
         self.revision = settings.revision or uri.revision or "main"
         self.path = uri.path_in_repo.strip("/")
         self.settings = settings
-        self.retry = retry or RetryPolicy()
+        self.retry = retry or RetryPolicy(attempts=settings.retries)
         self.endpoint = (settings.hf_endpoint or DEFAULT_ENDPOINT).rstrip("/")
         self._api = HfApi(
             endpoint=self.endpoint,

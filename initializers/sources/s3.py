@@ -104,14 +104,14 @@ class S3Source(Source):
     ) -> None:
         self.location = location
         self.settings = settings
-        self.retry = retry or RetryPolicy()
+        self.retry = retry or RetryPolicy(attempts=settings.retries)
         self._session = _make_session(settings)
         self._client = self._make_client(self._region())
         self._transport = HttpTransport(
             workers=settings.workers, timeout=settings.timeout, ca_bundle=settings.ca_bundle
         )
-        self._base_url = self._bucket_url()
         self._credentials = None if settings.anonymous else self._resolve_credentials()
+        self._base_url = self._call(self._bucket_url)
         self._with_additional: set[str] = set()  # keys listed with an additional checksum
 
     @classmethod
@@ -172,6 +172,8 @@ class S3Source(Source):
                 "AWS_PROFILE, or a web identity (IRSA); use --anonymous for a "
                 "public bucket"
             )
+        # Surfaces STS / role errors now rather than at the first GET.
+        self.retry.call(lambda: self._call(credentials.get_frozen_credentials), "credentials")
         return credentials
 
     def _bucket_url(self) -> str:
@@ -297,24 +299,19 @@ class S3Source(Source):
                 "AWS_PROFILE, or a web identity (IRSA); use --anonymous for a public "
                 "bucket"
             ) from None
-        except (
-            bexc.EndpointConnectionError,
-            bexc.ConnectTimeoutError,
-            bexc.ReadTimeoutError,
-            bexc.ConnectionClosedError,
-        ) as exc:
-            raise TransientError(
-                f"{where}: cannot reach the S3 endpoint ({type(exc).__name__})"
-            ) from None
         except bexc.SSLError:
             raise UsageError(
                 f"{where}: TLS verification failed; pass --ca-bundle (or "
                 "AWS_CA_BUNDLE) with the endpoint's CA"
             ) from None
+        except (bexc.ConnectionError, bexc.HTTPClientError, bexc.ResponseStreamingError) as exc:
+            raise TransientError(
+                f"{where}: cannot reach the S3 endpoint ({type(exc).__name__})"
+            ) from None
         except bexc.ClientError as exc:
             raise _client_error(exc, where, self.location.bucket) from None
-        except bexc.BotoCoreError as exc:
-            raise TransientError(f"{where}: {type(exc).__name__}") from None
+        except bexc.BotoCoreError as exc:  # configuration problems: region, endpoint, profile
+            raise UsageError(f"{where}: {exc}") from None
 
 
 def _make_session(settings: Settings) -> boto3.session.Session:
@@ -323,7 +320,8 @@ def _make_session(settings: Settings) -> boto3.session.Session:
     The assumed role's credentials refresh themselves before they expire, so a fetch longer
     than the role's session duration keeps working.
     """
-    region = None if settings.region == "auto" else settings.region
+    # STS needs a region even when S3's is discovered later; its global endpoint is us-east-1.
+    region = "us-east-1" if settings.region == "auto" else settings.region
     session = boto3.session.Session(
         aws_access_key_id=settings.access_key_id,
         aws_secret_access_key=settings.secret_access_key,

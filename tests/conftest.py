@@ -1,0 +1,136 @@
+"""Shared fixtures: real servers on 127.0.0.1 and a runner for the real CLI.
+
+* ``s3_endpoint`` — moto's S3 server (one per session); ``bucket`` gives each test a fresh
+  bucket and a boto3 client to fill it.
+* ``run_initializer`` — runs ``python -m initializers.<kind>`` as a subprocess with a clean
+  environment (nothing leaks in from the developer's shell), as the controller would.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import boto3
+import pytest
+from moto.server import ThreadedMotoServer
+
+ACCESS_KEY = "AKIATESTKEY0000000"
+SECRET_KEY = "test-secret-key-do-not-leak-7d1f"
+_bucket_ids = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@dataclass
+class Bucket:
+    name: str
+    client: object
+    endpoint: str
+
+    def put(self, key: str, body: bytes, **extra: object) -> None:
+        self.client.put_object(Bucket=self.name, Key=key, Body=body, **extra)  # type: ignore[attr-defined]
+
+    def uri(self, prefix: str) -> str:
+        return f"s3://{self.name}/{prefix}"
+
+    def env(self, prefix: str, **extra: str) -> dict[str, str]:
+        """The env the Kubeflow controller/SDK would set for this bucket."""
+        return {
+            "STORAGE_URI": self.uri(prefix),
+            "ENDPOINT": self.endpoint,
+            "ACCESS_KEY_ID": ACCESS_KEY,
+            "SECRET_ACCESS_KEY": SECRET_KEY,
+            **extra,
+        }
+
+
+@pytest.fixture
+def s3_client(s3_endpoint: str) -> object:
+    return boto3.client(
+        "s3",
+        endpoint_url=s3_endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY,
+    )
+
+
+@pytest.fixture
+def bucket(s3_client: object, s3_endpoint: str) -> Bucket:
+    name = f"bucket-{os.getpid()}-{next(_bucket_ids)}"
+    s3_client.create_bucket(Bucket=name)  # type: ignore[attr-defined]
+    return Bucket(name, s3_client, s3_endpoint)
+
+
+@dataclass
+class Result:
+    code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+def clean_env(home: Path, **extra: str) -> dict[str, str]:
+    """A minimal environment: no AWS_*/HF_* from the developer's shell, no real Hub."""
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(home),
+        "LANG": "C.UTF-8",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "HF_HUB_DISABLE_XET": "1",
+        "AWS_CONFIG_FILE": str(home / "no-aws-config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(home / "no-aws-credentials"),
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "HF_ENDPOINT": "http://127.0.0.1:9",
+    }  # never the real Hub, even by mistake
+    env.update(extra)
+    return env
+
+
+@pytest.fixture
+def run_initializer(tmp_path: Path):
+    """``run_initializer("model", *args, env={...})`` → Result of the real CLI."""
+    home = tmp_path / "home"
+    home.mkdir()
+
+    def run(
+        kind: str, *args: str, env: dict[str, str] | None = None, timeout: float = 120
+    ) -> Result:
+        proc = subprocess.run(
+            [sys.executable, "-m", f"initializers.{kind}", *args],
+            env=clean_env(home, **(env or {})),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+        return Result(proc.returncode, proc.stdout, proc.stderr)
+
+    return run
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    """Every visible file under ``root`` (hidden bookkeeping files excluded)."""
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
+    }

@@ -1,0 +1,398 @@
+"""The initializers against a real S3 server (moto on 127.0.0.1), through the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.conftest import ACCESS_KEY, SECRET_KEY, Bucket, clean_env, tree
+
+MODEL = {
+    "llama/config.json": b'{"hidden_size": 8}',
+    "llama/model-00001-of-00002.safetensors": os.urandom(300_000),
+    "llama/model-00002-of-00002.safetensors": os.urandom(200_000),
+    "llama/tokenizer/tokenizer.json": b'{"vocab": {}}',
+    "llama/pytorch_model.bin": b"pickled weights we must not fetch",
+    "llama/flax_model.msgpack": b"flax weights we must not fetch",
+    "llama-v2/config.json": b'{"sibling": "must not be fetched"}',
+}
+
+
+def fill(bucket: Bucket, files: dict[str, bytes]) -> None:
+    for key, body in files.items():
+        bucket.put(key, body)
+
+
+def manifest(dest: Path) -> dict:
+    return json.loads((dest / ".initializer-manifest.json").read_text())
+
+
+def test_env_only_run_as_the_controller_calls_it_fetches_the_model(
+    bucket, run_initializer, tmp_path
+):
+    fill(bucket, MODEL)
+    out = tmp_path / "model"
+    result = run_initializer("model", env=bucket.env("llama", OUTPUT_PATH=str(out)))
+    assert result.code == 0, result.output
+    assert tree(out) == {
+        "config.json": MODEL["llama/config.json"],
+        "model-00001-of-00002.safetensors": MODEL["llama/model-00001-of-00002.safetensors"],
+        "model-00002-of-00002.safetensors": MODEL["llama/model-00002-of-00002.safetensors"],
+        "tokenizer/tokenizer.json": MODEL["llama/tokenizer/tokenizer.json"],
+    }
+    recorded = manifest(out)
+    assert recorded["source"] == f"s3://{bucket.name}/llama"
+    assert set(recorded["files"]) == set(tree(out))
+    assert all(entry["checksum"] for entry in recorded["files"].values())
+
+
+def test_flags_only_run_as_docker_run_would_fetches_the_dataset(bucket, run_initializer, tmp_path):
+    fill(bucket, {"data/train/part-0.jsonl": b"a\n", "data/test/part-0.jsonl": b"b\n"})
+    out = tmp_path / "dataset"
+    result = run_initializer(
+        "dataset",
+        "--storage-uri",
+        bucket.uri("data"),
+        "--output",
+        str(out),
+        "--endpoint",
+        bucket.endpoint,
+        env={"ACCESS_KEY_ID": ACCESS_KEY, "SECRET_ACCESS_KEY": SECRET_KEY},
+    )
+    assert result.code == 0, result.output
+    assert tree(out) == {"train/part-0.jsonl": b"a\n", "test/part-0.jsonl": b"b\n"}
+
+
+def test_flags_win_over_env(bucket, run_initializer, tmp_path):
+    fill(bucket, {"right/a.txt": b"right", "wrong/a.txt": b"wrong"})
+    out = tmp_path / "out"
+    env = bucket.env("wrong", OUTPUT_PATH=str(tmp_path / "env-output"))
+    result = run_initializer(
+        "dataset", "--storage-uri", bucket.uri("right"), "--output", str(out), env=env
+    )
+    assert result.code == 0, result.output
+    assert tree(out) == {"a.txt": b"right"}
+    assert not (tmp_path / "env-output").exists()
+
+
+def test_prefix_matches_on_a_folder_boundary_not_sibling_folders(bucket, run_initializer, tmp_path):
+    fill(bucket, {"model/config.json": b"1", "model-v2/config.json": b"2", "modelzoo.json": b"3"})
+    result = run_initializer("dataset", env=bucket.env("model", OUTPUT_PATH=str(tmp_path / "o")))
+    assert result.code == 0, result.output
+    assert tree(tmp_path / "o") == {"config.json": b"1"}
+
+
+def test_trailing_slash_prefix_is_the_same_folder(bucket, run_initializer, tmp_path):
+    fill(bucket, {"model/a/b.txt": b"b", "model-v2/x.txt": b"x"})
+    result = run_initializer("dataset", env=bucket.env("model/", OUTPUT_PATH=str(tmp_path)))
+    assert result.code == 0, result.output
+    assert tree(tmp_path) == {"a/b.txt": b"b"}
+
+
+def test_a_uri_naming_one_object_fetches_just_that_object(bucket, run_initializer, tmp_path):
+    fill(bucket, {"data/train.jsonl": b"row\n", "data/train.jsonl.bak": b"old\n"})
+    result = run_initializer(
+        "dataset", env=bucket.env("data/train.jsonl", OUTPUT_PATH=str(tmp_path))
+    )
+    assert result.code == 0, result.output
+    assert tree(tmp_path) == {"train.jsonl": b"row\n"}
+
+
+def test_a_bare_bucket_needs_a_trailing_slash_to_fetch_everything(
+    bucket, run_initializer, tmp_path
+):
+    fill(bucket, {"x.txt": b"x", "d/y.txt": b"y"})
+    bare = run_initializer(
+        "dataset",
+        env={
+            **bucket.env(""),
+            "STORAGE_URI": f"s3://{bucket.name}",
+            "OUTPUT_PATH": str(tmp_path / "a"),
+        },
+    )
+    assert bare.code == 2
+    assert f"write s3://{bucket.name}/ to fetch all of it" in bare.stderr
+    whole = run_initializer("dataset", env=bucket.env("", OUTPUT_PATH=str(tmp_path / "b")))
+    assert whole.code == 0, whole.output
+    assert tree(tmp_path / "b") == {"x.txt": b"x", "d/y.txt": b"y"}
+
+
+def test_model_defaults_apply_when_ignore_patterns_is_unset(bucket, run_initializer, tmp_path):
+    fill(bucket, MODEL)
+    result = run_initializer("model", env=bucket.env("llama", OUTPUT_PATH=str(tmp_path)))
+    assert result.code == 0, result.output
+    assert "pytorch_model.bin" not in tree(tmp_path)
+    assert "flax_model.msgpack" not in tree(tmp_path)
+    assert "weights: *.safetensors found" in result.stderr
+
+
+def test_model_falls_back_to_bin_weights_when_there_is_no_safetensors(
+    bucket, run_initializer, tmp_path
+):
+    fill(
+        bucket,
+        {"old/config.json": b"{}", "old/pytorch_model.bin": b"w", "old/flax_model.msgpack": b"f"},
+    )
+    # The Kubeflow SDK always sends its default ignore list; the fallback must survive it.
+    env = bucket.env(
+        "old", OUTPUT_PATH=str(tmp_path), IGNORE_PATTERNS="*.msgpack,*.h5,*.bin,*.pt,*.pth"
+    )
+    result = run_initializer("model", env=env)
+    assert result.code == 0, result.output
+    assert tree(tmp_path) == {"config.json": b"{}", "pytorch_model.bin": b"w"}
+    assert "no *.safetensors in the source; falling back to *.bin" in result.stderr
+
+
+def test_user_patterns_are_taken_literally(bucket, run_initializer, tmp_path):
+    fill(bucket, {"d/a.json": b"1", "d/b.csv": b"2", "d/sub/c.json": b"3", "d/sub/skip.json": b"4"})
+    env = bucket.env(
+        "d", OUTPUT_PATH=str(tmp_path), ALLOW_PATTERNS="*.json", IGNORE_PATTERNS="sub/skip*"
+    )
+    result = run_initializer("dataset", env=env)
+    assert result.code == 0, result.output
+    assert tree(tmp_path) == {"a.json": b"1", "sub/c.json": b"3"}
+
+
+def test_patterns_that_match_nothing_fail_with_not_found(bucket, run_initializer, tmp_path):
+    fill(bucket, {"d/a.csv": b"1"})
+    result = run_initializer(
+        "dataset", env=bucket.env("d", OUTPUT_PATH=str(tmp_path), ALLOW_PATTERNS="*.parquet")
+    )
+    assert result.code == 4
+    assert "match the allow/ignore patterns" in result.stderr
+
+
+def test_rerun_into_a_complete_folder_transfers_nothing(bucket, run_initializer, tmp_path):
+    fill(bucket, MODEL)
+    env = bucket.env("llama", OUTPUT_PATH=str(tmp_path))
+    assert run_initializer("model", env=env).code == 0
+    before = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()}
+    again = run_initializer("model", env=env)
+    assert again.code == 0, again.output
+    assert "already complete" in again.stderr and "nothing to fetch" in again.stderr
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_a_changed_source_updates_only_what_changed(bucket, run_initializer, tmp_path):
+    fill(bucket, {"d/same.txt": b"same", "d/edit.txt": b"v1", "d/gone.txt": b"bye"})
+    env = bucket.env("d", OUTPUT_PATH=str(tmp_path))
+    assert run_initializer("dataset", env=env).code == 0
+    same_mtime = (tmp_path / "same.txt").stat().st_mtime_ns
+    (tmp_path / "users-own-notes.txt").write_text("not ours")
+    bucket.put("d/edit.txt", b"v2")
+    bucket.client.delete_object(Bucket=bucket.name, Key="d/gone.txt")
+    bucket.put("d/new.txt", b"new")
+
+    result = run_initializer("dataset", env=env)
+    assert result.code == 0, result.output
+    assert tree(tmp_path) == {
+        "same.txt": b"same",
+        "edit.txt": b"v2",
+        "new.txt": b"new",
+        "users-own-notes.txt": b"not ours",
+    }
+    assert (tmp_path / "same.txt").stat().st_mtime_ns == same_mtime
+    assert "2 fetched" in result.stderr
+    assert set(manifest(tmp_path)["files"]) == {"same.txt", "edit.txt", "new.txt"}
+
+
+def test_a_locally_damaged_file_is_fetched_again(bucket, run_initializer, tmp_path):
+    fill(bucket, {"d/a.txt": b"original", "d/b.txt": b"untouched"})
+    env = bucket.env("d", OUTPUT_PATH=str(tmp_path))
+    assert run_initializer("dataset", env=env).code == 0
+    (tmp_path / "a.txt").write_bytes(b"truncat")
+    result = run_initializer("dataset", env=env)
+    assert result.code == 0, result.output
+    assert (tmp_path / "a.txt").read_bytes() == b"original"
+    assert "1 fetched" in result.stderr
+
+
+def test_s3_additional_checksums_are_verified_and_recorded(bucket, run_initializer, tmp_path):
+    bucket.put("d/a.bin", b"checksummed", ChecksumAlgorithm="SHA256")
+    result = run_initializer("dataset", env=bucket.env("d", OUTPUT_PATH=str(tmp_path)))
+    assert result.code == 0, result.output
+    assert manifest(tmp_path)["files"]["a.bin"]["checksum"].startswith("s3-sha256:")
+
+
+def test_missing_bucket_exits_4_with_a_clear_reason(bucket, run_initializer, tmp_path):
+    env = {
+        **bucket.env("x"),
+        "STORAGE_URI": "s3://no-such-bucket-here/x",
+        "OUTPUT_PATH": str(tmp_path),
+    }
+    result = run_initializer("dataset", env=env)
+    assert result.code == 4
+    assert "bucket 'no-such-bucket-here' does not exist" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_an_empty_prefix_exits_4(bucket, run_initializer, tmp_path):
+    fill(bucket, {"other/a.txt": b"a"})
+    result = run_initializer("dataset", env=bucket.env("nothing-here", OUTPUT_PATH=str(tmp_path)))
+    assert result.code == 4
+    assert "no objects under" in result.stderr
+
+
+def test_no_credentials_at_all_exits_3_and_suggests_anonymous(bucket, run_initializer, tmp_path):
+    fill(bucket, {"d/a.txt": b"a"})
+    env = {
+        "STORAGE_URI": bucket.uri("d"),
+        "ENDPOINT": bucket.endpoint,
+        "OUTPUT_PATH": str(tmp_path),
+    }
+    result = run_initializer("dataset", env=env)
+    assert result.code == 3
+    assert "--anonymous" in result.stderr
+
+
+def test_anonymous_requests_are_unsigned_and_work_on_a_public_bucket(
+    bucket, run_initializer, tmp_path
+):
+    bucket.put("pub/a.txt", b"public", ACL="public-read")
+    env = {
+        "STORAGE_URI": bucket.uri("pub"),
+        "ENDPOINT": bucket.endpoint,
+        "OUTPUT_PATH": str(tmp_path),
+        "ANONYMOUS": "true",
+    }
+    result = run_initializer("dataset", env=env)
+    assert result.code == 0, result.output
+    assert tree(tmp_path) == {"a.txt": b"public"}
+
+
+def test_role_arn_is_assumed_through_sts(bucket, run_initializer, tmp_path):
+    fill(bucket, {"d/a.txt": b"via role"})
+    env = bucket.env(
+        "d",
+        OUTPUT_PATH=str(tmp_path),
+        ROLE_ARN="arn:aws:iam::123456789012:role/initializer",
+        AWS_ENDPOINT_URL_STS=bucket.endpoint,
+    )
+    result = run_initializer("dataset", env=env)
+    assert result.code == 0, result.output
+    assert tree(tmp_path) == {"a.txt": b"via role"}
+
+
+def test_an_unreachable_endpoint_exits_7_after_bounded_retries(run_initializer, tmp_path):
+    env = {
+        "STORAGE_URI": "s3://bucket/x",
+        "ENDPOINT": "http://127.0.0.1:9",
+        "ACCESS_KEY_ID": ACCESS_KEY,
+        "SECRET_ACCESS_KEY": SECRET_KEY,
+        "OUTPUT_PATH": str(tmp_path),
+        "RETRIES": "3",
+    }
+    started = time.monotonic()
+    result = run_initializer("dataset", env=env)
+    assert result.code == 7, result.output
+    assert "after 3 attempts" in result.stderr
+    assert time.monotonic() - started < 30
+
+
+def test_a_destination_that_cannot_be_created_exits_6(bucket, run_initializer, tmp_path):
+    fill(bucket, {"d/a.txt": b"a"})
+    (tmp_path / "file").write_text("a file, not a folder")
+    result = run_initializer("dataset", env=bucket.env("d", OUTPUT_PATH=str(tmp_path / "file/sub")))
+    assert result.code == 6
+    assert "cannot write" in result.stderr
+
+
+def test_the_failure_reason_goes_to_the_termination_log(bucket, run_initializer, tmp_path):
+    log_file = tmp_path / "termination-log"
+    result = run_initializer(
+        "dataset",
+        env={**bucket.env("x"), "STORAGE_URI": "gs://b/x", "TERMINATION_LOG": str(log_file)},
+    )
+    assert result.code == 2
+    reason = log_file.read_text()
+    assert reason.count("\n") == 1
+    assert "unsupported scheme gs://" in reason
+    assert reason.strip() in result.stderr
+
+
+def test_secrets_never_appear_in_output_manifest_or_termination_log(
+    bucket, run_initializer, tmp_path
+):
+    fill(bucket, {"d/a.txt": b"a"})
+    log_file = tmp_path / "termination-log"
+    ok = run_initializer(
+        "dataset",
+        "--debug",
+        env=bucket.env("d", OUTPUT_PATH=str(tmp_path / "ok"), LOG_FORMAT="json"),
+    )
+    bad = run_initializer(
+        "dataset",
+        "--debug",
+        env=bucket.env("missing", OUTPUT_PATH=str(tmp_path / "bad"), TERMINATION_LOG=str(log_file)),
+    )
+    assert ok.code == 0 and bad.code == 4
+    haystack = ok.output + bad.output + log_file.read_text()
+    haystack += (tmp_path / "ok" / ".initializer-manifest.json").read_text()
+    assert SECRET_KEY not in haystack
+
+
+def start_fetch_and_wait(env: dict[str, str], journal: Path) -> subprocess.Popen:
+    """Start the model initializer; return once its range journal shows real progress."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "initializers.model"], env=env, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        if journal.exists() and journal.read_text().count("\n") >= 3:
+            return proc
+        time.sleep(0.01)
+    proc.kill()
+    raise AssertionError(f"no progress seen: {proc.communicate()[1]}")
+
+
+def big_model(bucket: Bucket, tmp_path: Path) -> tuple[bytes, Path, dict[str, str]]:
+    body = os.urandom(128 << 20)
+    bucket.put("big/weights.safetensors", body)
+    out = tmp_path / "out"
+    env = clean_env(tmp_path, **bucket.env("big", OUTPUT_PATH=str(out), WORKERS="2"))
+    return body, out, env
+
+
+def test_sigkill_midway_then_rerun_resumes_and_keeps_fetched_bytes(bucket, tmp_path):
+    body, out, env = big_model(bucket, tmp_path)
+    proc = start_fetch_and_wait(env, out / ".weights.safetensors.part.journal")
+    proc.kill()
+    proc.wait()
+    assert not (out / "weights.safetensors").exists()  # never a partial file under its name
+
+    rerun = subprocess.run(
+        [sys.executable, "-m", "initializers.model"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert rerun.returncode == 0, rerun.stderr
+    assert "resumed" in rerun.stderr
+    assert (out / "weights.safetensors").read_bytes() == body
+
+
+def test_sigterm_stops_cleanly_with_exit_143_and_the_rerun_finishes(bucket, tmp_path):
+    body, out, env = big_model(bucket, tmp_path)
+    proc = start_fetch_and_wait(env, out / ".weights.safetensors.part.journal")
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 143, stderr
+    assert time.monotonic() - started < 10
+    assert "rerun to resume" in stderr
+    rerun = subprocess.run(
+        [sys.executable, "-m", "initializers.model"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert rerun.returncode == 0, rerun.stderr
+    assert "resumed" in rerun.stderr
+    assert (out / "weights.safetensors").read_bytes() == body

@@ -21,6 +21,8 @@ import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
+from tests.servers.hub import HubServer
+
 ACCESS_KEY = "AKIATESTKEY0000000"
 SECRET_KEY = "test-secret-key-do-not-leak-7d1f"
 _bucket_ids = itertools.count()
@@ -134,3 +136,12 @@ def tree(root: Path) -> dict[str, bytes]:
         for p in sorted(root.rglob("*"))
         if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
     }
+
+
+@pytest.fixture
+def hub() -> Iterator[HubServer]:
+    """A fresh local Hugging Face Hub (API + CDN listeners) for one test."""
+    with HubServer() as server:
+        yield server
+    assert not server.leaked_auth, "a token was sent to the CDN host"
+    assert not server.errors, server.errors

@@ -73,6 +73,7 @@ class HfSource(Source):
         if settings.token:
             self._headers["Authorization"] = f"Bearer {settings.token}"
         self._commit: str | None = None
+        self._gated = False
 
     @classmethod
     def from_settings(cls, location: str, settings: Settings) -> Self:
@@ -92,6 +93,7 @@ class HfSource(Source):
             )
         )
         self._commit = info.sha
+        self._gated = bool(getattr(info, "gated", False))
         entries = self._entries()
         files, skipped = [], []
         for entry in entries:
@@ -157,7 +159,22 @@ class HfSource(Source):
             revision=self._commit,
             endpoint=self.endpoint,
         )
-        return self._transport.open_range(url, self._headers, start, end, file.path)
+        try:
+            return self._transport.open_range(url, self._headers, start, end, file.path)
+        except AuthError:
+            if self._gated:  # the Hub lists gated repos freely and refuses only the bytes
+                raise AuthError(self._gated_message()) from None
+            raise
+
+    def _repo_url(self) -> str:
+        kind = "" if self.repo_type == "model" else f"{self.repo_type}s/"
+        return f"{self.endpoint}/{kind}{self.repo_id}"
+
+    def _gated_message(self) -> str:
+        return (
+            f"{self.describe()} is gated: accept its conditions at {self._repo_url()} with "
+            "your account, then pass that account's token (ACCESS_TOKEN or HF_TOKEN)"
+        )
 
     def close(self) -> None:
         self._transport.close()
@@ -169,16 +186,10 @@ class HfSource(Source):
 
     def _map_errors(self, fn: Any) -> Any:
         where = self.describe()
-        repo_url = (
-            f"{self.endpoint}/{'' if self.repo_type == 'model' else 'datasets/'}{self.repo_id}"
-        )
         try:
             return fn()
         except GatedRepoError:
-            raise AuthError(
-                f"{where} is gated: accept its conditions at {repo_url} with your "
-                "account, then pass that account's token (ACCESS_TOKEN or HF_TOKEN)"
-            ) from None
+            raise AuthError(self._gated_message()) from None
         except RepositoryNotFoundError:
             token_hint = (
                 "the token may lack access to it"

@@ -1,0 +1,272 @@
+"""The initializers against a local server speaking the Hub's HTTP API, through the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import clean_env, tree
+from tests.servers.hub import Fault, HubServer, fail_times
+
+TOKEN = "hf_testtoken_do_not_leak_93f2a1"
+MODEL = {
+    "config.json": b'{"model_type": "llama"}',
+    "generation_config.json": b"{}",
+    "model.safetensors": os.urandom(256 << 10),
+    "tokenizer.json": b'{"version": "1.0"}',
+    "tokenizer_config.json": b"{}",
+    "pytorch_model.bin": b"legacy weights",
+    "flax_model.msgpack": b"flax weights",
+    "README.md": b"# a model card",
+}
+
+
+def hf_env(hub: HubServer, uri: str, out: Path, **extra: str) -> dict[str, str]:
+    return {"STORAGE_URI": uri, "HF_ENDPOINT": hub.endpoint, "OUTPUT_PATH": str(out), **extra}
+
+
+def manifest(dest: Path) -> dict:
+    return json.loads((dest / ".initializer-manifest.json").read_text())
+
+
+def test_model_repo_lands_safetensors_configs_and_tokenizer(hub, run_initializer, tmp_path):
+    sha = hub.add_repo("org/llama", MODEL)
+    result = run_initializer("model", env=hf_env(hub, "hf://org/llama", tmp_path))
+    assert result.code == 0, result.output
+    assert tree(tmp_path) == {
+        name: MODEL[name]
+        for name in (
+            "config.json",
+            "generation_config.json",
+            "model.safetensors",
+            "tokenizer.json",
+            "tokenizer_config.json",
+        )
+    }
+    recorded = manifest(tmp_path)
+    assert recorded["revision"] == sha
+    assert recorded["files"]["model.safetensors"]["checksum"].startswith("sha256:")
+    assert recorded["files"]["config.json"]["checksum"].startswith("git-sha1:")
+
+
+def test_large_files_follow_the_redirect_without_sending_the_token_to_the_cdn(
+    hub, run_initializer, tmp_path
+):
+    hub.tokens.add(TOKEN)
+    hub.add_repo("org/private", {"model.safetensors": os.urandom(3 << 20)}, private=True)
+    result = run_initializer(
+        "model", env=hf_env(hub, "hf://org/private", tmp_path, ACCESS_TOKEN=TOKEN)
+    )
+    assert result.code == 0, result.output
+    assert hub.find_requests(server="cdn", method="GET")
+    assert hub.leaked_auth == []
+
+
+def test_dataset_repo_by_explicit_type(hub, run_initializer, tmp_path):
+    files = {"train/part-0.jsonl": b'{"x": 1}\n', "test/part-0.jsonl": b'{"x": 2}\n'}
+    hub.add_repo("org/alpaca", files, repo_type="dataset")
+    result = run_initializer("dataset", env=hf_env(hub, "hf://datasets/org/alpaca", tmp_path))
+    assert result.code == 0, result.output
+    assert tree(tmp_path) == files
+
+
+def test_a_sub_path_fetches_only_that_folder(hub, run_initializer, tmp_path):
+    hub.add_repo(
+        "org/multi",
+        {
+            "a/config.json": b"a",
+            "a/deep/x.json": b"x",
+            "b/config.json": b"b",
+            "ab/config.json": b"ab",
+        },
+    )
+    result = run_initializer("dataset", env=hf_env(hub, "hf://org/multi/a", tmp_path))
+    assert result.code == 0, result.output
+    assert tree(tmp_path) == {"config.json": b"a", "deep/x.json": b"x"}
+
+
+def test_a_sub_path_naming_one_file_fetches_that_file(hub, run_initializer, tmp_path):
+    hub.add_repo(
+        "org/ds", {"data/train.jsonl": b"t\n", "data/test.jsonl": b"e\n"}, repo_type="dataset"
+    )
+    uri = "hf://datasets/org/ds/data/train.jsonl"
+    result = run_initializer("dataset", env=hf_env(hub, uri, tmp_path))
+    assert result.code == 0, result.output
+    assert tree(tmp_path) == {"train.jsonl": b"t\n"}
+
+
+def test_revision_in_the_uri_pins_a_tag(hub, run_initializer, tmp_path):
+    hub.add_repo("org/m", {"config.json": b"v1"})
+    v1 = hub.tag("org/m", "v1")
+    hub.commit("org/m", {"config.json": b"v2"})
+    result = run_initializer("model", env=hf_env(hub, "hf://org/m@v1", tmp_path))
+    assert result.code == 0, result.output
+    assert tree(tmp_path) == {"config.json": b"v1"}
+    assert manifest(tmp_path)["revision"] == v1
+
+
+def test_revision_env_overrides_the_uri(hub, run_initializer, tmp_path):
+    first = hub.add_repo("org/m", {"config.json": b"v1"})
+    hub.commit("org/m", {"config.json": b"v2"})
+    result = run_initializer("model", env=hf_env(hub, "hf://org/m@main", tmp_path, REVISION=first))
+    assert result.code == 0, result.output
+    assert tree(tmp_path) == {"config.json": b"v1"}
+
+
+def test_a_new_commit_updates_only_the_changed_files(hub, run_initializer, tmp_path):
+    hub.add_repo("org/m", {"config.json": b"v1", "model.safetensors": b"w" * 4096})
+    env = hf_env(hub, "hf://org/m", tmp_path)
+    assert run_initializer("model", env=env).code == 0
+    weights_mtime = (tmp_path / "model.safetensors").stat().st_mtime_ns
+    hub.commit("org/m", {"config.json": b"v2"})
+    result = run_initializer("model", env=env)
+    assert result.code == 0, result.output
+    assert tree(tmp_path) == {"config.json": b"v2", "model.safetensors": b"w" * 4096}
+    assert (tmp_path / "model.safetensors").stat().st_mtime_ns == weights_mtime
+    assert "1 fetched" in result.stderr
+
+
+def test_rerun_against_an_unchanged_repo_downloads_nothing(hub, run_initializer, tmp_path):
+    hub.add_repo("org/m", MODEL)
+    env = hf_env(hub, "hf://org/m", tmp_path)
+    assert run_initializer("model", env=env).code == 0
+    downloads = len(hub.find_requests(path_contains="/resolve/"))
+    result = run_initializer("model", env=env)
+    assert result.code == 0 and "nothing to fetch" in result.stderr
+    assert len(hub.find_requests(path_contains="/resolve/")) == downloads
+
+
+def test_private_repo_without_a_token_is_not_found_with_a_token_hint(
+    hub, run_initializer, tmp_path
+):
+    hub.tokens.add(TOKEN)
+    hub.add_repo("org/secret", {"config.json": b"{}"}, private=True)
+    result = run_initializer("model", env=hf_env(hub, "hf://org/secret", tmp_path))
+    assert result.code == 4
+    assert "if it is private, pass a token (ACCESS_TOKEN or HF_TOKEN)" in result.stderr
+
+
+def test_private_repo_token_from_each_accepted_place(hub, run_initializer, tmp_path):
+    hub.tokens.add(TOKEN)
+    hub.add_repo("org/secret", {"config.json": b"{}"}, private=True)
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    ways = {
+        "ACCESS_TOKEN": {"ACCESS_TOKEN": TOKEN},
+        "HF_TOKEN": {"HF_TOKEN": TOKEN},
+        "--token-file": {"ACCESS_TOKEN_FILE": str(token_file)},
+    }
+    for name, extra in ways.items():
+        out = tmp_path / name
+        result = run_initializer("model", env=hf_env(hub, "hf://org/secret", out, **extra))
+        assert result.code == 0, (name, result.output)
+        assert TOKEN not in result.output
+
+
+def test_gated_repo_without_access_says_where_to_accept_the_conditions(
+    hub, run_initializer, tmp_path
+):
+    hub.tokens.add(TOKEN)
+    hub.add_repo("org/gated", {"config.json": b"{}"}, gated="manual", access=[])
+    result = run_initializer(
+        "model", env=hf_env(hub, "hf://org/gated", tmp_path, ACCESS_TOKEN=TOKEN)
+    )
+    assert result.code == 3
+    assert f"accept its conditions at {hub.endpoint}/org/gated" in result.stderr
+    assert TOKEN not in result.output
+
+
+def test_gated_repo_with_an_accepted_token_downloads(hub, run_initializer, tmp_path):
+    hub.tokens.add(TOKEN)
+    hub.add_repo("org/gated", {"config.json": b"{}"}, gated="auto", access=[TOKEN])
+    result = run_initializer(
+        "model", env=hf_env(hub, "hf://org/gated", tmp_path, ACCESS_TOKEN=TOKEN)
+    )
+    assert result.code == 0, result.output
+
+
+def test_missing_repo_revision_and_path_exit_4(hub, run_initializer, tmp_path):
+    hub.add_repo("org/m", {"config.json": b"{}"})
+    cases = {
+        "hf://org/nope": "repository not found",
+        "hf://org/m@no-such-branch": "revision 'no-such-branch' does not exist",
+        "hf://org/m/no/such/folder": "no file or folder 'no/such/folder'",
+    }
+    for uri, message in cases.items():
+        result = run_initializer("dataset", env=hf_env(hub, uri, tmp_path / "out"))
+        assert result.code == 4, (uri, result.output)
+        assert message in result.stderr, uri
+
+
+def test_transient_cdn_failures_are_retried_and_the_bytes_are_identical(
+    hub, run_initializer, tmp_path
+):
+    weights = os.urandom(2 << 20)
+    hub.add_repo("org/m", {"model.safetensors": weights, "config.json": b"{}"})
+    hub.fault = fail_times(3, Fault.error(503), server="cdn")
+    result = run_initializer("model", env=hf_env(hub, "hf://org/m", tmp_path))
+    assert result.code == 0, result.output
+    assert (tmp_path / "model.safetensors").read_bytes() == weights
+    assert result.stderr.count("retrying in") >= 1
+
+
+def test_a_body_cut_short_resumes_within_the_range(hub, run_initializer, tmp_path):
+    weights = os.urandom(3 << 20)
+    hub.add_repo("org/m", {"model.safetensors": weights})
+    hub.fault = fail_times(1, Fault.truncate(after_bytes=1 << 20), server="cdn")
+    result = run_initializer("model", env=hf_env(hub, "hf://org/m", tmp_path))
+    assert result.code == 0, result.output
+    assert (tmp_path / "model.safetensors").read_bytes() == weights
+    resumed = [r for r in hub.find_requests(server="cdn", method="GET") if r.range]
+    assert any(r.range.startswith(f"bytes={1 << 20}-") for r in resumed), resumed
+
+
+def test_a_source_that_keeps_failing_exits_7(hub, run_initializer, tmp_path):
+    hub.add_repo("org/m", {"model.safetensors": os.urandom(1 << 20)})
+    hub.fault = fail_times(10_000, Fault.error(503), server="cdn")
+    result = run_initializer("model", env=hf_env(hub, "hf://org/m", tmp_path, RETRIES="2"))
+    assert result.code == 7, result.output
+    assert "still failing after 2 attempts" in result.stderr
+    assert not (tmp_path / "model.safetensors").exists()
+
+
+def test_bytes_that_do_not_match_the_hub_sha256_exit_5_and_leave_no_file(
+    hub, run_initializer, tmp_path
+):
+    blob = tmp_path / "served.safetensors"
+    blob.write_bytes(os.urandom(1 << 20))
+    hub.add_repo("org/m", {"model.safetensors": blob})
+    blob.write_bytes(os.urandom(1 << 20))  # bit rot on the CDN: same size, other bytes
+    out = tmp_path / "out"
+    result = run_initializer("model", env=hf_env(hub, "hf://org/m", out))
+    assert result.code == 5, result.output
+    assert "checksum mismatch twice" in result.stderr
+    assert not (out / "model.safetensors").exists()
+    assert not (out / ".model.safetensors.part").exists()
+
+
+def test_fetching_a_1_gib_file_keeps_peak_memory_under_200_mib(hub, tmp_path):
+    big = tmp_path / "big.safetensors"
+    block = os.urandom(1 << 20)
+    with big.open("wb") as handle:
+        for _ in range(1024):
+            handle.write(block)
+    hub.add_repo("org/big", {"model.safetensors": big})
+    out = tmp_path / "out"
+    env = clean_env(tmp_path, **hf_env(hub, "hf://org/big", out))
+    # A fresh parent, so ru_maxrss of its children is this one initializer's peak.
+    probe = (
+        "import resource, subprocess, sys;"
+        "code = subprocess.call([sys.executable, '-m', 'initializers.model']);"
+        "print(code, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300
+    )
+    code, peak_kib = result.stdout.split()
+    assert code == "0", result.stderr
+    assert int(peak_kib) < 200 * 1024, f"peak RSS {int(peak_kib) // 1024} MiB"
+    assert (out / "model.safetensors").stat().st_size == 1 << 30

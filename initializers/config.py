@@ -233,6 +233,7 @@ class _ArgumentParser(argparse.ArgumentParser):
 def build_parser(defaults: AssetDefaults) -> argparse.ArgumentParser:
     parser = _ArgumentParser(
         prog=f"{defaults.kind}-initializer",
+        allow_abbrev=False,  # "--token x" must not silently mean "--token-file x"
         description=(
             f"Fetch a {defaults.kind} from Hugging Face (hf://) or S3 (s3://) into a folder: "
             "parallel, resumable, verified, with a completion manifest. Every flag can also be "
@@ -245,10 +246,17 @@ def build_parser(defaults: AssetDefaults) -> argparse.ArgumentParser:
             "6 local storage, 7 remote unavailable."
         ),
     )
+    asset_defaults = {
+        "output": str(defaults.output),
+        "allow_patterns": ",".join(defaults.allow_patterns) or "everything",
+        "ignore_patterns": ",".join(defaults.ignore_patterns) or "nothing",
+    }
     for option in OPTIONS:
         if option.flag is None:
             continue
         env_note = f" [env: {', '.join(option.env)}]"
+        if option.dest in asset_defaults:
+            env_note = f" (default: {asset_defaults[option.dest]})" + env_note
         if option.is_switch:
             parser.add_argument(
                 option.flag,
@@ -262,7 +270,6 @@ def build_parser(defaults: AssetDefaults) -> argparse.ArgumentParser:
                 option.flag,
                 dest=option.dest,
                 default=None,
-                metavar="VALUE",
                 help=option.help + env_note,
             )
     return parser

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import unicodedata
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from initializers.errors import LocalStorageError
 
@@ -33,16 +33,19 @@ def safe_relpath(name: str) -> str:
         raise UnsafePathError("contains a control character")
     if name.startswith("/"):
         raise UnsafePathError("is absolute")
-    parts = PurePosixPath(name).parts
-    if any(part in ("..", ".") for part in parts) or "//" in name:
+    parts = name.split("/")
+    if any(part in ("", ".", "..") for part in parts):
         raise UnsafePathError("has '.', '..' or empty components")
-    for part in parts:
-        if len(part.encode()) > NAME_MAX - len(JOURNAL_SUFFIX) - 1:
-            raise UnsafePathError(f"has a component longer than {NAME_MAX} bytes")
+    longest = NAME_MAX - len(JOURNAL_SUFFIX) - 1  # room for ".NAME.part.journal"
+    if any(len(part.encode()) > longest for part in parts):
+        raise UnsafePathError(
+            f"has a component longer than {longest} bytes (the filesystem "
+            f"allows {NAME_MAX}, less room for the temporary name)"
+        )
     last = parts[-1]
     if last.startswith(".initializer") or last.endswith((PART_SUFFIX, JOURNAL_SUFFIX)):
         raise UnsafePathError("collides with the initializer's own bookkeeping names")
-    return "/".join(parts)
+    return name
 
 
 def part_path(final: Path) -> Path:

@@ -21,12 +21,17 @@ MAX_PARALLEL_PROBES = 32
 
 @dataclass(frozen=True)
 class Endpoint:
-    """A peer to wait for; ``banner`` is the prefix it must send first, when it speaks first."""
+    """A peer to wait for.
+
+    ``banner``: the prefix it must send first, when it speaks first. ``resolve_only``: only its
+    name must resolve (a node waiting for its own name before it starts serving on it).
+    """
 
     host: str
     port: int
     role: str = "peer"
     banner: bytes | None = None
+    resolve_only: bool = False
 
     def __str__(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
@@ -39,6 +44,8 @@ def probe(endpoint: Endpoint, timeout: float = CONNECT_TIMEOUT) -> str | None:
         infos = socket.getaddrinfo(endpoint.host, endpoint.port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
         return f"{endpoint} does not resolve ({exc.strerror})"
+    if endpoint.resolve_only:
+        return None
     last = "no address"
     for family, kind, proto, _, address in infos:
         try:

@@ -78,5 +78,5 @@ def wait_until_ready(
     )
     problems: list[str] = retrying(check)
     if not problems and narrator.last_said is not None:
-        log.info("%s ready after %.1fs", what, clock() - narrator.started)
+        log.info("ready after %.1fs: %s", clock() - narrator.started, what)
     return problems

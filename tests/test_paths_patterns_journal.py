@@ -1,0 +1,111 @@
+"""Pure building blocks: safe remote names, glob selection, resume intervals, digests."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import zlib
+
+import pytest
+
+from initializers.checksum import digest_file, is_supported
+from initializers.fsutil import UnsafePathError, safe_relpath
+from initializers.journal import holes, merge
+from initializers.patterns import is_selected
+from initializers.selection import select
+from initializers.sources.base import RemoteFile
+
+
+@pytest.mark.parametrize(
+    "name", ["a.txt", "dir/sub/file.bin", "ünïcode/名前.json", "with space.txt", ".hidden/config"]
+)
+def test_ordinary_names_are_kept_as_relative_paths(name):
+    assert safe_relpath(name) == name
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("../escape", "'..'"),
+        ("a/../../b", "'..'"),
+        ("/etc/passwd", "absolute"),
+        ("a\\b", "backslash"),
+        ("bad\nname", "control character"),
+        ("x/\x00", "control"),
+        ("a//b", "empty components"),
+        ("./a", "'.'"),
+        ("d/" + "n" * 300, "longer than 241 bytes"),
+        ("folder/", "names a folder"),
+        (".initializer-manifest.json", "bookkeeping"),
+        ("x/.model.safetensors.part", "bookkeeping"),
+    ],
+)
+def test_unsafe_names_are_refused_with_the_reason(name, why):
+    with pytest.raises(UnsafePathError, match=None) as error:
+        safe_relpath(name)
+    assert why in str(error.value)
+
+
+def test_globs_cross_folders_and_a_trailing_slash_means_a_folder():
+    assert is_selected("sub/config.json", ("*.json",), ())
+    assert is_selected("train/a.parquet", ("train/",), ())
+    assert not is_selected("test/a.parquet", ("train/",), ())
+    assert not is_selected("a.bin", (), ("*.bin",))
+    assert is_selected("anything", (), ())
+
+
+def remote(path: str, size: int = 1) -> RemoteFile:
+    return RemoteFile(path, size, "v")
+
+
+def test_a_key_that_is_also_a_folder_is_skipped_as_a_conflict():
+    chosen = select([remote("a"), remote("a/b"), remote("c")], (), ())
+    assert [f.path for f in chosen.files] == ["a/b", "c"]
+    assert chosen.conflicts == ["a"]
+
+
+def test_model_weight_fallback_only_replaces_default_patterns():
+    files = [remote("config.json"), remote("pytorch_model.bin")]
+    allow, ignore, fallback = ("*.json", "*.safetensors"), ("*.bin", "*.msgpack"), ("*.bin",)
+    default = select(files, allow, ignore, fallback_weights=fallback, patterns_are_default=True)
+    assert [f.path for f in default.files] == ["config.json", "pytorch_model.bin"]
+    assert "falling back" in default.weights_note
+    custom = select(files, allow, ignore, fallback_weights=fallback, patterns_are_default=False)
+    assert [f.path for f in custom.files] == ["config.json"]
+
+
+def test_resume_intervals_merge_and_leave_only_the_holes():
+    done = [(0, 10), (10, 20), (50, 60), (55, 70)]
+    assert merge(done) == [(0, 20), (50, 70)]
+    assert holes(done, 100) == [(20, 50), (70, 100)]
+    assert holes([], 5) == [(0, 5)]
+    assert holes([(0, 5)], 5) == []
+
+
+@pytest.fixture
+def sample(tmp_path):
+    data = os.urandom(5 << 20) + b"tail"
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    yield fd, data
+    os.close(fd)
+
+
+def test_digests_match_what_the_sources_announce(sample):
+    fd, data = sample
+    size = len(data)
+    assert digest_file(fd, size, "md5") == hashlib.md5(data).hexdigest()
+    assert digest_file(fd, size, "sha256") == hashlib.sha256(data).hexdigest()
+    git = hashlib.sha1(b"blob %d\0" % size + data).hexdigest()
+    assert digest_file(fd, size, "git-sha1") == git
+    crc = base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
+    assert digest_file(fd, size, "s3-crc32") == crc
+    sha = base64.b64encode(hashlib.sha256(data).digest()).decode()
+    assert digest_file(fd, size, "s3-sha256") == sha
+
+
+def test_unknown_algorithms_are_reported_unsupported():
+    assert not is_supported("whirlpool")
+    assert is_supported("md5") and is_supported("git-sha1")

@@ -1,12 +1,14 @@
 """Progress: counters the engine bumps, and a reporter that shows them.
 
 The engine always gets a :class:`Progress` and never checks for None. Off a TTY (``kubectl
-logs``), a line every few seconds: files, bytes, MiB/s, ETA. On a TTY, a live tqdm bar.
+logs``), a line every few seconds: files, bytes, MiB/s, ETA. On a TTY, the same line redrawn
+in place twice a second.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 import sys
 import threading
 import time
@@ -124,23 +126,15 @@ class Reporter:
             )
 
     def _run_bar(self) -> None:
-        from tqdm import tqdm
-
-        snap = self._progress.snapshot()
-        with tqdm(
-            total=snap.bytes_total,
-            initial=snap.bytes_done,
-            unit="B",
-            unit_scale=True,
-            unit_divisor=1024,
-            desc=self._label,
-            file=sys.stderr,
-            dynamic_ncols=True,
-        ) as bar:
-            while True:
-                stopped = self._stop.wait(0.5)
-                snap = self._progress.snapshot()
-                bar.update(snap.bytes_done - bar.n)
-                bar.set_postfix_str(f"{snap.files_done}/{snap.files_total} files", refresh=False)
-                if stopped:
-                    return
+        """Redraw one status line in place (carriage return), then end it with a newline."""
+        started = time.monotonic()
+        while True:
+            stopped = self._stop.wait(0.5)
+            snap = self._progress.snapshot()
+            rate = snap.bytes_fetched / max(time.monotonic() - started, 1e-6)
+            width = shutil.get_terminal_size((100, 24)).columns
+            line = format_line(self._label, snap, rate)[: max(width - 1, 20)]
+            sys.stderr.write(f"\r{line:<{max(width - 1, 20)}}" + ("\n" if stopped else ""))
+            sys.stderr.flush()
+            if stopped:
+                return

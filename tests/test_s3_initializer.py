@@ -396,3 +396,83 @@ def test_sigterm_stops_cleanly_with_exit_143_and_the_rerun_finishes(bucket, tmp_
     assert rerun.returncode == 0, rerun.stderr
     assert "resumed" in rerun.stderr
     assert (out / "weights.safetensors").read_bytes() == body
+
+
+def test_an_aws_profile_from_the_shared_credentials_file_is_used(bucket, run_initializer, tmp_path):
+    fill(bucket, {"d/a.txt": b"via profile"})
+    credentials = tmp_path / "credentials"
+    credentials.write_text(
+        f"[team]\naws_access_key_id = {ACCESS_KEY}\naws_secret_access_key = {SECRET_KEY}\n"
+    )
+    env = {
+        "STORAGE_URI": bucket.uri("d"),
+        "ENDPOINT": bucket.endpoint,
+        "AWS_PROFILE": "team",
+        "AWS_SHARED_CREDENTIALS_FILE": str(credentials),
+        "OUTPUT_PATH": str(tmp_path / "o"),
+    }
+    result = run_initializer("dataset", env=env)
+    assert result.code == 0, result.output
+    assert tree(tmp_path / "o") == {"a.txt": b"via profile"}
+
+
+def test_a_web_identity_token_as_irsa_mounts_it_is_exchanged_through_sts(
+    bucket, run_initializer, tmp_path
+):
+    fill(bucket, {"d/a.txt": b"via irsa"})
+    token = tmp_path / "token"
+    token.write_text("eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJzeXN0ZW06c2EifQ.c2ln")
+    env = {
+        "STORAGE_URI": bucket.uri("d"),
+        "ENDPOINT": bucket.endpoint,
+        "AWS_ENDPOINT_URL_STS": bucket.endpoint,
+        "AWS_REGION": "us-east-1",
+        "AWS_ROLE_ARN": "arn:aws:iam::123456789012:role/irsa",
+        "AWS_WEB_IDENTITY_TOKEN_FILE": str(token),
+        "OUTPUT_PATH": str(tmp_path / "o"),
+    }
+    result = run_initializer("dataset", env=env)
+    assert result.code == 0, result.output
+    assert tree(tmp_path / "o") == {"a.txt": b"via irsa"}
+
+
+def test_json_logs_are_one_object_per_line_with_progress_fields(bucket, run_initializer, tmp_path):
+    fill(bucket, {"d/a.txt": b"a", "d/b.txt": b"b"})
+    env = bucket.env("d", OUTPUT_PATH=str(tmp_path), LOG_FORMAT="json")
+    result = run_initializer("dataset", env=env)
+    assert result.code == 0, result.output
+    records = [json.loads(line) for line in result.stderr.splitlines()]
+    assert {"time", "level", "logger", "message"} <= set(records[0])
+    assert records[-1]["message"].startswith("dataset: done")
+
+
+def test_progress_lines_report_files_bytes_rate_and_eta(bucket, run_initializer, tmp_path):
+    bucket.put("big/w.safetensors", os.urandom(64 << 20))
+    env = bucket.env("big", OUTPUT_PATH=str(tmp_path), PROGRESS_INTERVAL="0.1", WORKERS="1")
+    result = run_initializer("model", env=env)
+    assert result.code == 0, result.output
+    progress = [line for line in result.stderr.splitlines() if "MiB/s, ETA" in line]
+    assert progress, result.stderr
+    assert " files, " in progress[0] and "%)" in progress[0]
+
+
+def test_a_terminal_gets_a_live_status_line_redrawn_in_place(bucket, tmp_path):
+    import pty
+
+    bucket.put("big/w.safetensors", os.urandom(16 << 20))
+    env = clean_env(tmp_path, **bucket.env("big", OUTPUT_PATH=str(tmp_path / "o")))
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the initializer, with a TTY on stderr
+        os.execve(sys.executable, [sys.executable, "-m", "initializers.model"], env)
+    screen = b""
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        screen += chunk
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, screen.decode(errors="replace")
+    assert b"\rmodel: 1/1 files, 16.00 MiB/16.00 MiB (100%)" in screen

@@ -18,5 +18,19 @@ lint:
 demo: install  ## fetch a generated model and dataset from local S3 and Hub servers into ./workspace
 	$(PYTHON) -m scripts.demo
 
+images:  ## build the dataset/model initializer images with podman (local base; images/README.md)
+	bash images/build.sh
+
+e2e: install images  ## build the images, then run them for real against local S3 and Hub servers
+	$(PYTHON) -m pytest -q -m images tests/images
+
+bench:  ## side-by-side figures vs s5cmd, aws, boto3, hf, Kubeflow, KServe -> docs/benchmarks.*
+	PYTHON=$(PYTHON) bash benchmarks/setup.sh
+	.bench/venv/bin/python -m benchmarks $(BENCH_ARGS)
+
+test-launchers: install  ## real torchrun/mpirun launches over loopback (sshd: .ci/launchers.sh)
+	$(PIP) install -q -r tests/launchers/requirements.txt
+	$(PYTHON) -m pytest -q -m launchers tests/launchers
+
 clean:
 	rm -rf workspace .pytest_cache build *.egg-info

@@ -1,0 +1,1 @@
+"""Compatibility with the module paths of Kubeflow Trainer's own initializer images."""

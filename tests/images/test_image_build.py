@@ -1,0 +1,101 @@
+"""The built images themselves: user, labels, contents, pinned dependencies, size."""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+
+import pytest
+
+from tests.images.conftest import BUILD_TIMEOUT, IMAGE_UID, ROOT, podman
+
+pytestmark = [pytest.mark.images, pytest.mark.timeout(BUILD_TIMEOUT + 300)]
+KINDS = ("dataset", "model")
+MiB = 1 << 20
+
+
+def inspect(image: str) -> dict:
+    return json.loads(podman("image", "inspect", image).stdout)[0]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_image_runs_as_a_fixed_non_root_user_in_group_zero(images, podman_run, kind):
+    assert inspect(images[kind])["Config"]["User"] == f"{IMAGE_UID}:0"
+    result = podman_run(images[kind], "id", "-u")
+    assert result.code == 0, result.output
+    assert result.stdout.strip() == str(IMAGE_UID)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_image_carries_oci_labels_for_source_version_and_licence(images, kind):
+    labels = inspect(images[kind])["Config"]["Labels"]
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert labels["org.opencontainers.image.version"] == version
+    assert labels["org.opencontainers.image.licenses"] == "Apache-2.0"
+    assert labels["org.opencontainers.image.title"] == f"{kind}-initializer"
+    assert labels["org.opencontainers.image.source"]
+    assert labels["org.opencontainers.image.revision"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_entrypoint_is_tini_in_front_of_the_initializer(images, kind):
+    config = inspect(images[kind])["Config"]
+    assert config["Entrypoint"][0] == "/usr/local/bin/tini"
+    assert config["Entrypoint"][-1] == "/usr/local/bin/initializer-entrypoint"
+    assert config["WorkingDir"] == "/app"
+
+
+PROBE = r"""
+import importlib.util, os, shutil
+problems = [name for name in ("pip", "setuptools", "wheel") if importlib.util.find_spec(name)]
+problems += [tool for tool in ("pip", "pip3", "gcc", "cc", "make", "uv") if shutil.which(tool)]
+problems += [p for p in ("/src", "/tmp/requirements.lock", "/root/.cache/pip") if os.path.exists(p)]
+problems += [p for p in ("/var/lib/apt/lists",) if os.path.isdir(p) and any(
+    n != "lock" and n != "partial" and n != "auxfiles" for n in os.listdir(p))]
+print("\n".join(problems))
+"""
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_final_image_holds_no_pip_build_tools_sources_or_caches(images, podman_run, kind):
+    result = podman_run(images[kind], "python", "-c", PROBE)
+    assert result.code == 0, result.output
+    assert result.stdout.split() == []
+
+
+LIST_DISTRIBUTIONS = (
+    "import importlib.metadata as m; "
+    "print('\\n'.join(f'{d.metadata[\"Name\"]}=={d.version}' for d in m.distributions()))"
+)
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_installed_dependencies_are_exactly_the_locked_versions(images, podman_run):
+    lock = (ROOT / "images" / "initializer" / "requirements.lock").read_text()
+    locked = {
+        canonical(name): version
+        for name, version in re.findall(r"^([A-Za-z0-9_.\-]+)==([^\s\\]+)", lock, re.M)
+    }
+    locked.pop("setuptools")  # builds the package, then leaves the image
+    result = podman_run(images["model"], "python", "-c", LIST_DISTRIBUTIONS)
+    assert result.code == 0, result.output
+    installed = {
+        canonical(name): version
+        for name, version in (line.split("==") for line in result.stdout.split())
+    }
+    project = canonical(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["name"])
+    assert installed.pop(project)
+    assert installed == locked
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_image_adds_under_100_mib_to_the_python_base(images, kind):
+    image = inspect(images[kind])
+    size = image["Size"]
+    base = inspect(image["Config"]["Labels"]["org.opencontainers.image.base.name"])["Size"]
+    print(f"{images[kind]}: {size / MiB:.0f} MiB ({(size - base) / MiB:.0f} MiB over the base)")
+    assert size - base < 100 * MiB, f"image grew to {size / MiB:.0f} MiB"

@@ -83,7 +83,7 @@ def test_a_sub_path_fetches_only_that_folder(hub, run_initializer, tmp_path):
             "ab/config.json": b"ab",
         },
     )
-    result = run_initializer("dataset", env=hf_env(hub, "hf://org/multi/a", tmp_path))
+    result = run_initializer("dataset", env=hf_env(hub, "hf://models/org/multi/a", tmp_path))
     assert result.code == 0, result.output
     assert tree(tmp_path) == {"config.json": b"a", "deep/x.json": b"x"}
 
@@ -196,7 +196,7 @@ def test_missing_repo_revision_and_path_exit_4(hub, run_initializer, tmp_path):
         "hf://org/m/no/such/folder": "no file or folder 'no/such/folder'",
     }
     for uri, message in cases.items():
-        result = run_initializer("dataset", env=hf_env(hub, uri, tmp_path / "out"))
+        result = run_initializer("model", env=hf_env(hub, uri, tmp_path / "out"))
         assert result.code == 4, (uri, result.output)
         assert message in result.stderr, uri
 
@@ -270,3 +270,20 @@ def test_fetching_a_1_gib_file_keeps_peak_memory_under_200_mib(hub, tmp_path):
     assert code == "0", result.stderr
     assert int(peak_kib) < 200 * 1024, f"peak RSS {int(peak_kib) // 1024} MiB"
     assert (out / "model.safetensors").stat().st_size == 1 << 30
+
+
+def test_the_dataset_initializer_reads_an_untyped_uri_as_a_dataset_repo_like_upstream(
+    hub, run_initializer, tmp_path
+):
+    hub.add_repo("tatsu-lab/alpaca", {"data.jsonl": b"dataset\n"}, repo_type="dataset")
+    hub.add_repo("tatsu-lab/alpaca", {"config.json": b"a model of the same name"})
+    dataset = run_initializer("dataset", env=hf_env(hub, "hf://tatsu-lab/alpaca", tmp_path / "d"))
+    assert dataset.code == 0, dataset.output
+    assert tree(tmp_path / "d") == {"data.jsonl": b"dataset\n"}
+    model = run_initializer("model", env=hf_env(hub, "hf://tatsu-lab/alpaca", tmp_path / "m"))
+    assert model.code == 0, model.output
+    assert tree(tmp_path / "m") == {"config.json": b"a model of the same name"}
+    explicit = run_initializer(
+        "dataset", env=hf_env(hub, "hf://models/tatsu-lab/alpaca", tmp_path / "x")
+    )
+    assert tree(tmp_path / "x") == {"config.json": b"a model of the same name"}, explicit.output

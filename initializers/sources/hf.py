@@ -13,7 +13,7 @@ import logging
 from typing import Any, Self
 
 import httpx2
-from huggingface_hub import HfApi, hf_hub_url
+from huggingface_hub import HfApi, get_session, hf_hub_url
 from huggingface_hub.errors import (
     DisabledRepoError,
     EntryNotFoundError,
@@ -32,10 +32,31 @@ from initializers.errors import AuthError, NotFoundError, TransientError, UsageE
 from initializers.fsutil import UnsafePathError, safe_relpath
 from initializers.retry import RetryPolicy
 from initializers.sources.base import Checksum, Listing, RangeReader, RemoteFile, Source
-from initializers.transport import HttpTransport
+from initializers.transport import CONNECT_TIMEOUT, HttpTransport
 
 log = logging.getLogger(__name__)
 DEFAULT_ENDPOINT = "https://huggingface.co"
+_DEFAULT_REPO_TYPE = {"dataset": "dataset", "model": "model"}
+
+
+def _enforce_timeout(timeout: float) -> None:
+    """Give every request of huggingface_hub's shared client our timeouts.
+
+    Its API calls pass ``timeout=None`` (wait forever), so a Hub that accepts the connection and
+    then stalls would hang the pod; a request hook fills in TIMEOUT wherever none was set.
+    """
+    limits = {"connect": min(CONNECT_TIMEOUT, timeout), "read": timeout, "write": timeout}
+    limits["pool"] = timeout
+
+    def apply(request: httpx2.Request) -> None:
+        given = request.extensions.get("timeout") or {}
+        request.extensions["timeout"] = {k: given.get(k) or v for k, v in limits.items()}
+
+    session = get_session()
+    hooks = session.event_hooks
+    kept = [h for h in hooks["request"] if getattr(h, "__name__", "") != "apply"]
+    hooks["request"] = [*kept, apply]  # once, however many sources a process opens
+    session.event_hooks = hooks
 
 
 class HfSource(Source):
@@ -54,7 +75,10 @@ class HfSource(Source):
                 f"hf://{location}: {uri.type} URIs are not supported; use a model or dataset repo"
             )
         self.repo_id = uri.id
-        self.repo_type = uri.type
+        # Without an explicit type, the dataset initializer means a dataset repo, as upstream.
+        explicit = location.split("/", 1)[0] in ("models", "datasets", "spaces")
+        self.repo_type = uri.type if explicit else _DEFAULT_REPO_TYPE[settings.kind]
+        self._type_inferred = not explicit
         self.revision = settings.revision or uri.revision or "main"
         self.path = uri.path_in_repo.strip("/")
         self.settings = settings
@@ -66,6 +90,7 @@ class HfSource(Source):
             library_name="kf-initializers",
             library_version=__version__,
         )
+        _enforce_timeout(settings.timeout)
         self._transport = HttpTransport(
             workers=settings.workers, timeout=settings.timeout, ca_bundle=settings.ca_bundle
         )
@@ -191,13 +216,19 @@ class HfSource(Source):
         except GatedRepoError:
             raise AuthError(self._gated_message()) from None
         except RepositoryNotFoundError:
-            token_hint = (
+            hints = [
                 "the token may lack access to it"
                 if self.settings.token
                 else "if it is private, pass a token (ACCESS_TOKEN or HF_TOKEN)"
-            )
+            ]
+            if self._type_inferred:
+                other = "model" if self.repo_type == "dataset" else "dataset"
+                hints.append(
+                    f"it was looked up as a {self.repo_type} repo; for a {other} repo "
+                    f"write hf://{other}s/{self.repo_id}"
+                )
             raise NotFoundError(
-                f"{where}: repository not found — check the name; {token_hint}"
+                f"{where}: repository not found — check the name; {'; '.join(hints)}"
             ) from None
         except RevisionNotFoundError:
             raise NotFoundError(

@@ -1,0 +1,1 @@
+"""Tests of runtimes/: the ClusterTrainingRuntimes, their kustomization and examples."""

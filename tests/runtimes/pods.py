@@ -1,0 +1,160 @@
+"""Running a runtime's container on this machine the way a kubelet would run it in a pod.
+
+No cluster is at hand, so the pieces a kubelet supplies are modelled, each explicitly:
+
+* **the image**: argv is the container's ``command``/``args`` on top of the Dockerfile's
+  ENTRYPOINT/CMD (read by :mod:`tests.runtimes.dockerfiles`); ``tini`` is left out, and a file the
+  Dockerfile COPYs from this repository (the initializer entrypoint) runs from the repository.
+  The image's ENV comes first, with PATH pointing at this machine's installed console scripts;
+* **volume mounts**: each volume is a host folder and every env value that is an absolute path
+  inside a mount is rewritten to the host folder, the one rewrite a bind mount does implicitly.
+  The ``initializer`` claim is one folder shared by every pod of the TrainJob;
+* **kubelet extras**: the termination message file lives in the pod's folder, and HOME is where
+  the image's entrypoint falls back to on a read-only root (its /tmp mount);
+* **this machine's safety**: ``AWS_EC2_METADATA_DISABLED`` so boto3 never probes a non-loopback
+  address for credentials.
+
+Everything else in the environment is exactly the container's env after the controller's merge.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sysconfig
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from tests.runtimes import dockerfiles
+
+Obj = dict[str, Any]
+SCRIPTS_DIR = sysconfig.get_path("scripts")
+
+
+@dataclass
+class Pod:
+    """One container's view of the filesystem: container mount path → host folder."""
+
+    root: Path
+    mounts: dict[str, Path] = field(default_factory=dict)
+
+    @classmethod
+    def for_container(cls, container: Obj, root: Path, shared: dict[str, Path]) -> Pod:
+        pod = cls(root)
+        for mount in container.get("volumeMounts", []):
+            host = shared.get(mount["name"]) or root / "volumes" / mount["name"]
+            host.mkdir(parents=True, exist_ok=True)
+            pod.mounts[mount["mountPath"]] = host
+        return pod
+
+    def host_path(self, container_path: str) -> Path | None:
+        """Where ``container_path`` lives on this machine, or None outside every mount."""
+        path = PurePosixPath(container_path)
+        for mount in sorted(self.mounts, key=len, reverse=True):
+            if path == PurePosixPath(mount) or path.is_relative_to(mount):
+                return self.mounts[mount] / path.relative_to(mount)
+        return None
+
+    def translate_env(self, env: dict[str, str]) -> dict[str, str]:
+        """``env`` with container paths (alone or in a comma-separated list) made host paths."""
+        return {key: self._translate(value) for key, value in env.items()}
+
+    def _translate(self, value: str) -> str:
+        parts = value.split(",")
+        if not all(part.startswith("/") for part in parts):
+            return value
+        hosts = [self.host_path(part) for part in parts]
+        return ",".join(str(h) if h is not None else p for h, p in zip(hosts, parts, strict=True))
+
+
+def image_argv(container: Obj, image: dockerfiles.Image) -> list[str]:
+    """What the container executes: Kubernetes' command/args over ENTRYPOINT/CMD."""
+    if container.get("command"):
+        return [*container["command"], *container.get("args", [])]
+    args = container.get("args", image.cmd or [])
+    return [*(image.entrypoint or []), *args]
+
+
+def host_argv(argv: list[str], image: dockerfiles.Image) -> list[str]:
+    """``argv`` runnable here: without tini, repo files for files the image COPYs from it."""
+    if argv and PurePosixPath(argv[0]).name in ("tini", "tini-static"):
+        argv = argv[argv.index("--") + 1 :] if "--" in argv else argv[1:]
+    origin = image.files.get(argv[0])
+    if origin is not None:
+        return ["/bin/sh", str(origin), *argv[1:]] if _is_shell_script(origin) else argv
+    return argv
+
+
+def _is_shell_script(path: Path) -> bool:
+    return path.read_bytes()[:32].startswith((b"#!/bin/sh", b"#!/usr/bin/env sh"))
+
+
+def base_env(image: dockerfiles.Image, pod: Pod, container: Obj) -> dict[str, str]:
+    env = dict(image.env)
+    env["PATH"] = f"{SCRIPTS_DIR}:/usr/local/bin:/usr/bin:/bin"
+    read_only = (container.get("securityContext") or {}).get("readOnlyRootFilesystem")
+    tmp = pod.host_path("/tmp")
+    home = tmp if read_only and tmp is not None else pod.root / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    env["HOME"] = str(home)
+    env["TERMINATION_LOG"] = str(pod.root / "termination-log")
+    env["AWS_EC2_METADATA_DISABLED"] = "true"
+    return env
+
+
+@dataclass
+class Finished:
+    code: int
+    output: str
+    max_rss_bytes: int
+    termination_message: str
+
+
+class Running:
+    """A started container process; :meth:`wait` returns its exit code, output and peak RSS."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], pod: Pod, timeout: float):
+        self.pod = pod
+        self.log = pod.root / "output.log"
+        with self.log.open("wb") as sink:
+            self.proc = subprocess.Popen(
+                argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                cwd=pod.root,
+            )
+        self._timer = threading.Timer(timeout, self.proc.kill)
+        self._timer.start()
+
+    def wait(self) -> Finished:
+        _, status, usage = os.wait4(self.proc.pid, 0)
+        self._timer.cancel()
+        self.proc.returncode = os.waitstatus_to_exitcode(status)
+        message = self.pod.root / "termination-log"
+        return Finished(
+            code=self.proc.returncode,
+            output=self.log.read_text(errors="replace"),
+            max_rss_bytes=usage.ru_maxrss * 1024,
+            termination_message=message.read_text() if message.exists() else "",
+        )
+
+
+def start(
+    container: Obj, env: dict[str, str], root: Path, shared: dict[str, Path], timeout: float = 120
+) -> Running:
+    """Start ``container`` (as merged by the controller) with its resolved ``env``."""
+    target = dockerfiles.find_target(container["image"])
+    if target is not None:
+        image = dockerfiles.build(*target)
+    elif container.get("command"):  # a user's trainer image: only its command is known
+        image = dockerfiles.Image(dockerfiles.IMAGES_DIR / "unknown", None)
+    else:
+        raise FileNotFoundError(f"no Dockerfile under images/ builds {container['image']}")
+    root.mkdir(parents=True, exist_ok=True)
+    pod = Pod.for_container(container, root, shared)
+    full_env = {**base_env(image, pod, container), **pod.translate_env(env)}
+    return Running(host_argv(image_argv(container, image), image), full_env, pod, timeout)

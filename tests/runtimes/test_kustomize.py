@@ -1,0 +1,108 @@
+"""`kubectl apply -k runtimes/` installs the runtimes with every image pinned in one place."""
+
+from __future__ import annotations
+
+import shutil
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.runtimes import manifests, render
+
+OUR_PREFIX = "ghcr.io/kubeflow-initializers/"
+needs_renderer = pytest.mark.skipif(
+    render.kustomize_command() is None,
+    reason="neither kustomize nor kubectl on PATH: only the built-in subset renderer is checked",
+)
+
+
+def _key(doc: dict) -> tuple[str, str]:
+    return doc["kind"], doc["metadata"]["name"]
+
+
+def _images(docs: list[dict]) -> list[str]:
+    return [c["image"] for doc in docs for _, c in manifests.all_containers(doc)]
+
+
+def _project_version() -> str:
+    with (manifests.REPO_ROOT / "pyproject.toml").open("rb") as stream:
+        return tomllib.load(stream)["project"]["version"]
+
+
+def test_rendering_yields_each_runtime_once_with_only_its_images_changed():
+    rendered = {_key(doc): doc for doc in render.render_subset(manifests.RUNTIMES_DIR)}
+    sources = {_key(doc): doc for doc in manifests.runtimes()}
+    assert rendered.keys() == sources.keys()
+    assert {name for _, name in rendered} == {
+        "torch-distributed", "deepspeed-distributed", "torchtune-qwen2.5-1.5b",
+    }  # fmt: skip
+    for key, doc in rendered.items():
+        for (_, before), (_, after) in zip(
+            manifests.all_containers(sources[key]), manifests.all_containers(doc), strict=True
+        ):
+            assert {**after, "image": before["image"]} == before
+
+
+@needs_renderer
+def test_kubectl_kustomize_output_equals_the_subset_renderer_output():
+    real = sorted(render.render_with_tool(manifests.RUNTIMES_DIR), key=_key)
+    ours = sorted(render.render_subset(manifests.RUNTIMES_DIR), key=_key)
+    assert real == ours
+
+
+def test_every_image_is_named_untagged_in_the_runtimes_and_pinned_by_the_images_section():
+    entries = {entry["name"]: entry for entry in manifests.kustomization()["images"]}
+    for image in _images(manifests.runtimes()):
+        name, tag, digest = render.split_image(image)
+        assert tag is None and digest is None, f"{image}: tag it in kustomization.yaml only"
+        assert name in entries, f"{image} has no entry in kustomization.yaml images"
+    for entry in entries.values():
+        assert entry.get("newName") and entry.get("newTag"), f"{entry['name']}: name and tag"
+        assert entry["newTag"] != "latest"
+    for image in _images(render.render_subset(manifests.RUNTIMES_DIR)):
+        assert render.split_image(image)[1] not in (None, "latest"), image
+
+
+def test_images_this_repo_builds_carry_the_project_version_as_their_tag():
+    ours = [e for e in manifests.kustomization()["images"] if e["name"].startswith(OUR_PREFIX)]
+    assert {e["name"].removeprefix(OUR_PREFIX) for e in ours} == {
+        "dataset-initializer", "model-initializer", "torch-runtime", "mpi-runtime",
+    }  # fmt: skip
+    assert {e["newTag"] for e in ours} == {_project_version()}
+
+
+@pytest.mark.parametrize("renderer", ["subset", pytest.param("tool", marks=needs_renderer)])
+def test_an_admin_moves_every_image_to_a_mirror_by_editing_only_the_images_section(
+    tmp_path: Path, renderer: str
+):
+    copy = tmp_path / "runtimes"
+    shutil.copytree(manifests.RUNTIMES_DIR, copy)
+    spec = manifests.kustomization(copy)
+    for entry in spec["images"]:
+        entry["newName"] = "mirror.internal:5000/ml/" + entry["name"].rsplit("/", 1)[1]
+        entry["newTag"] = "9.9.9"
+    (copy / "kustomization.yaml").write_text(yaml.safe_dump(spec))
+    docs = render.render_subset(copy) if renderer == "subset" else render.render_with_tool(copy)
+    images = _images(docs)
+    assert images and all(i.startswith("mirror.internal:5000/ml/") for i in images), images
+    assert all(i.endswith(":9.9.9") for i in images)
+
+
+def test_subset_renderer_refuses_kustomize_features_it_does_not_implement(tmp_path: Path):
+    (tmp_path / "kustomization.yaml").write_text("resources: []\npatches: []\n")
+    with pytest.raises(ValueError, match="patches"):
+        render.render_subset(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("ref", "expected"),
+    [
+        ("a/b", ("a/b", None, None)),
+        ("reg:5000/a/b:1.0", ("reg:5000/a/b", "1.0", None)),
+        ("a/b@sha256:00", ("a/b", None, "sha256:00")),
+    ],
+)
+def test_image_references_split_like_kustomize_reads_them(ref, expected):
+    assert render.split_image(ref) == expected

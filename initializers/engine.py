@@ -24,7 +24,7 @@ import shutil
 import threading
 import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from initializers import checksum as checksums
@@ -149,25 +149,32 @@ class FileJob:
         self.refetched = False  # set after one checksum mismatch; a second one is final
         self._lock = threading.Lock()
         self._pending = 0
+        self._resume = False
 
-    def prepare(self) -> None:
-        """Open the .part (keeping resumable bytes) and work out which ranges remain."""
-        done = []
-        if self.resumable and self._part_size() == self.remote.size:
-            done = self.journal.load()
-        fresh = not done
-        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | (os.O_TRUNC if fresh else 0)
-        try:
-            self.fd = os.open(self.part, flags, 0o644)
-            os.ftruncate(self.fd, self.remote.size)
-            if self.resumable:
-                self.journal.open(fresh=fresh)
-        except OSError as exc:
-            raise _storage_error(exc, self.final) from None
+    def plan(self) -> None:
+        """Work out which ranges remain, keeping bytes an interrupted run left (opens nothing:
+        a dataset of many files must not hold a descriptor per file)."""
+        self._resume = self.resumable and self._part_size() == self.remote.size
+        done = self.journal.load() if self._resume else []
+        self._resume = bool(done)
         missing = holes(done, self.remote.size)
         self.present = self.remote.size - sum(end - start for start, end in missing)
         self.ranges = [r for start, end in missing for r in _split(start, end)]
         self._pending = len(self.ranges)
+
+    def open(self) -> int:
+        """The .part's descriptor, opened by whichever worker needs it first."""
+        with self._lock:
+            if self.fd is None:
+                flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW
+                try:
+                    self.fd = os.open(self.part, flags | (0 if self._resume else os.O_TRUNC), 0o644)
+                    os.ftruncate(self.fd, self.remote.size)
+                    if self.resumable:
+                        self.journal.open(fresh=not self._resume)
+                except OSError as exc:
+                    raise _storage_error(exc, self.final) from None
+            return self.fd
 
     def _part_size(self) -> int:
         try:
@@ -223,10 +230,11 @@ class Engine:
         self.source = source
         self.dest = dest
         self.workers = workers
-        self.retry = retry or RetryPolicy()
+        self.stop = stop or threading.Event()
+        # Backoff sleeps end early on SIGTERM, so a stop never waits out a long backoff.
+        self.retry = replace(retry or RetryPolicy(), sleep=self.stop.wait)
         self.label = label
         self.progress_interval = progress_interval
-        self.stop = stop or threading.Event()
         self._commits = CommitLog(dest)
         self._progress = Progress(0, 0, 0)
 
@@ -281,6 +289,7 @@ class Engine:
             and old.revision == revision
         ):
             outcome.up_to_date = True
+            self._commits.remove()  # left behind by a run killed just after its manifest
             return outcome
 
         remove_manifest(self.dest)
@@ -345,7 +354,7 @@ class Engine:
                     "a file; remove it and rerun"
                 )
             job = FileJob(remote, final)
-            job.prepare()
+            job.plan()
             jobs.append(job)
         return jobs
 
@@ -426,9 +435,10 @@ class Engine:
 
     def _write(self, job: FileJob, chunk: bytes, offset: int) -> None:
         view = memoryview(chunk)
+        fd = job.open()
         try:
             while view:
-                written = os.pwrite(job.fd, view, offset)  # type: ignore[arg-type]
+                written = os.pwrite(fd, view, offset)
                 view, offset = view[written:], offset + written
         except OSError as exc:
             raise _storage_error(exc, job.final) from None
@@ -442,11 +452,11 @@ class Engine:
             log.debug("%s: cannot verify %s here; size checked only", job.remote.path, expected)
             expected = None
         if expected:
-            actual = checksums.digest_file(job.fd, job.remote.size, expected.algorithm)  # type: ignore[arg-type]
+            actual = checksums.digest_file(job.open(), job.remote.size, expected.algorithm)
             if actual != expected.value:
                 return self._refetch_after_mismatch(job, str(expected), actual)
         try:
-            os.fsync(job.fd)  # type: ignore[arg-type]
+            os.fsync(job.open())
             job.close()
             os.replace(job.part, job.final)
             mtime_ns = os.stat(job.final).st_mtime_ns
@@ -475,7 +485,7 @@ class Engine:
         )
         job.discard()
         job.refetched = True
-        job.prepare()
+        job.plan()
         for start, end in job.ranges:
             self._fetch_range(job, start, end)
         return self._commit(job)

@@ -22,7 +22,7 @@ images:  ## build the dataset/model initializer images with podman (local base; 
 	bash images/build.sh
 
 e2e: install images  ## build the images, then run them for real against local S3 and Hub servers
-	$(PYTHON) -m pytest -q -m images tests/images tests/runtimes
+	$(PYTHON) -m pytest -q -m images tests/images tests/runtimes tests/launchers/test_images.py
 
 bench:  ## side-by-side figures vs s5cmd, aws, boto3, hf, Kubeflow, KServe -> docs/benchmarks.*
 	PYTHON=$(PYTHON) bash benchmarks/setup.sh

@@ -7,6 +7,7 @@ recognised by name, and written as ``localhost`` so mpirun starts its ranks with
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 import socket
@@ -76,8 +77,13 @@ def is_this_machine(name: str) -> bool:
         return False
     except ValueError:
         pass
-    mine = {socket.gethostname(), socket.getfqdn()}
+    mine = _my_names()
     return name in mine or name.split(".", 1)[0] in {m.split(".", 1)[0] for m in mine}
+
+
+@functools.cache
+def _my_names() -> frozenset[str]:
+    return frozenset({socket.gethostname(), socket.getfqdn()})
 
 
 def write_hostfile(hosts: Sequence[Host], path: Path, hydra: bool) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -32,19 +33,17 @@ from initializers.launchers.shim import (
 from initializers.launchers.ssh import ssh_args, usable_key
 
 PROG = "kf-mpirun"
+DESCRIPTION = (
+    "mpirun for a Kubeflow Trainer MPI launcher: reads the hostfile and SSH settings, waits for\n"
+    "every node's sshd and for complete assets, then execs the installed mpirun."
+)
 EPILOG = """
-MPI settings (flags beat env; Kubeflow's MPI plugin sets the OMPI_MCA_* ones on the launcher):
-  --hostfile PATH / OMPI_MCA_orte_default_hostfile  (default /etc/mpi/hostfile; with no hostfile
-                      at all, ranks run on this machine only); OMPI_MCA_orte_set_default_slots is
-                      the slots of a line that names none
-  --np N / KF_MPI_NP  processes (default: the sum of the hostfile's slots)
-  --ssh-port N / KF_SSH_PORT (default 2222); --ssh-key PATH / KF_SSH_KEY (default: the first of
-                      ~/.ssh/id_rsa, /home/mpiuser/.ssh/id_rsa, /root/.ssh/id_rsa);
-                      OMPI_MCA_plm_rsh_args is kept and appended
-  --mpirun PATH / KF_MPIRUN (default mpirun on PATH); --mpi {auto,openmpi4,openmpi5,mpich} /
-                      KF_MPI_IMPLEMENTATION (default auto: from mpirun --version)
-  runLauncherAsNode: a hostfile line naming this pod (its hostname, short or qualified) is
-                      started locally, without SSH.
+Kubeflow's MPI plugin sets OMPI_MCA_orte_default_hostfile, OMPI_MCA_orte_set_default_slots (the
+slots of a hostfile line that names none), OMPI_MCA_orte_keep_fqdn_hostnames and
+OMPI_MCA_plm_rsh_args (kept, appended to the ssh options) on the launcher. They are passed on in
+the form the installed MPI reads: Open MPI 4 OMPI_MCA_*, Open MPI 5 PRTE_MCA_*, MPICH/Hydra a
+host:N file and an ssh wrapper. runLauncherAsNode: a hostfile line naming this pod (its
+hostname, short or qualified) starts its ranks here, without SSH.
 
 examples:
   kf-mpirun --require /workspace/model python train.py --epochs 3
@@ -53,13 +52,30 @@ examples:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = new_parser(PROG, __doc__.splitlines()[0], EPILOG)
-    parser.add_argument("--hostfile", metavar="PATH")
-    parser.add_argument("--np", type=int, metavar="N")
-    parser.add_argument("--ssh-port", type=int, metavar="N")
-    parser.add_argument("--ssh-key", metavar="PATH")
-    parser.add_argument("--mpirun", metavar="PATH")
-    parser.add_argument("--mpi", metavar="IMPLEMENTATION")
+    parser = new_parser(PROG, DESCRIPTION, EPILOG)
+    add = parser.add_argument
+    add(
+        "--hostfile",
+        metavar="PATH",
+        help="the hostfile (OMPI_MCA_orte_default_hostfile; default /etc/mpi/hostfile; with no "
+        "hostfile at all the ranks run on this machine only)",
+    )
+    add("--np", type=int, metavar="N", help="processes (KF_MPI_NP; default: the hostfile's slots)")
+    add("--ssh-port", type=int, metavar="N", help="nodes' sshd port (KF_SSH_PORT; default 2222)")
+    add(
+        "--ssh-key",
+        metavar="PATH",
+        help="private key of the job's SSH Secret (KF_SSH_KEY; default: the first of "
+        + ", ".join(config.SSH_KEY_CANDIDATES)
+        + ")",
+    )
+    add("--mpirun", metavar="PATH", help="the mpirun to exec (KF_MPIRUN; default: on PATH)")
+    add(
+        "--mpi",
+        metavar="NAME",
+        help=f"{'|'.join(config.MPI_IMPLEMENTATIONS)} (KF_MPI_IMPLEMENTATION; default auto: "
+        "from mpirun --version)",
+    )
     return parser
 
 
@@ -99,6 +115,17 @@ def _body(argv: list[str] | None) -> int:
     hosts = read_hostfile(mpi.hostfile, mpi.default_slots) if mpi.hostfile else []
     np = mpi.np or (sum(h.slots for h in hosts) if hosts else available_cpus())
 
+    if not parsed.dry_run:
+        wait_for_assets(waits.require, waits.timeout)
+        sshd = [
+            Endpoint(h.name, mpi.ssh.port, role="sshd", banner=b"SSH-")
+            for h in hosts
+            if not h.local
+        ]
+        wait_for_endpoints(sshd, waits.peer_timeout, what=f"sshd on {len(sshd)} node(s)")
+
+    # Files handed to mpirun (translated hostfile, private key copy, Hydra's ssh wrapper) must
+    # outlive this process, which becomes mpirun: they stay in a private temp folder.
     scratch = Path(tempfile.mkdtemp(prefix="kf-mpirun-"))
     hostfile = mpi.hostfile
     hydra = install.flavor is Flavor.MPICH
@@ -117,19 +144,13 @@ def _body(argv: list[str] | None) -> int:
         env=env,
         command=command,
     )
-    if not parsed.dry_run:
-        wait_for_assets(waits.require, waits.timeout)
-        sshd = [
-            Endpoint(h.name, mpi.ssh.port, role="sshd", banner=b"SSH-")
-            for h in hosts
-            if not h.local
-        ]
-        wait_for_endpoints(sshd, waits.timeout, what=f"sshd on {len(sshd)} node(s)")
     describe(install, mpi, hosts, np, waited=not parsed.dry_run)
-    if key is not None and key != mpi.ssh.key:
-        log.info("ssh key %s is readable by others: using a private copy", mpi.ssh.key)
+    if hosts:
+        copied = " (readable by others: using a private copy)" if key != mpi.ssh.key else ""
+        log.info("ssh port %d, key %s%s", mpi.ssh.port, mpi.ssh.key or "(ssh defaults)", copied)
     show_command(launch.argv, launch.env_changes)
     if parsed.dry_run:
+        shutil.rmtree(scratch)
         log.info("dry run: not waiting, not launching")
         return 0
     exec_launcher(launch.argv, {**env, **launch.env_changes})

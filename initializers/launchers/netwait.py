@@ -78,5 +78,5 @@ def wait_for_endpoints(endpoints: Sequence[Endpoint], timeout: float, what: str)
     if problems:
         raise UnavailableError(
             f"{what} not reachable after {timeout:g}s: {'; '.join(problems)}; check that those "
-            "pods are running and their names resolve, or raise --wait-timeout (KF_WAIT_TIMEOUT)"
+            "pods are running and their names resolve, or raise --peer-timeout (KF_PEER_TIMEOUT)"
         )

@@ -53,7 +53,8 @@ class WaitSettings:
     """What must be ready before launch, and for how long to wait for it."""
 
     require: tuple[Path, ...]
-    timeout: float
+    timeout: float  # for the assets
+    peer_timeout: float  # for the torch master / every node's sshd
 
 
 def wait_settings(parsed: argparse.Namespace, env: Mapping[str, str]) -> WaitSettings:
@@ -62,18 +63,24 @@ def wait_settings(parsed: argparse.Namespace, env: Mapping[str, str]) -> WaitSet
     else:
         raw = env.get("KF_REQUIRE_ASSETS", "")
         require = tuple(Path(p.strip()) for p in raw.split(",") if p.strip())
-    picked = _pick(parsed.wait_timeout, env, "KF_WAIT_TIMEOUT")
-    timeout = DEFAULT_WAIT_TIMEOUT
-    if picked:
-        name, value = picked
-        try:
-            timeout = float(value)
-        except ValueError:
-            timeout = -1.0
-        if not 0 <= timeout < float("inf"):
-            label = "--wait-timeout" if name == "flag" else name
-            raise UsageError(f"{label}={value!r} is not a number of seconds >= 0")
-    return WaitSettings(require, timeout)
+    return WaitSettings(
+        require,
+        _seconds(_pick(parsed.wait_timeout, env, "KF_WAIT_TIMEOUT"), "--wait-timeout"),
+        _seconds(_pick(parsed.peer_timeout, env, "KF_PEER_TIMEOUT"), "--peer-timeout"),
+    )
+
+
+def _seconds(picked: tuple[str, str] | None, flag: str) -> float:
+    if picked is None:
+        return DEFAULT_WAIT_TIMEOUT
+    source, value = picked
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise UsageError(f"{_label(source, flag)}={value!r} is not a number of seconds >= 0")
+    return seconds
 
 
 @dataclass(frozen=True)

@@ -22,12 +22,8 @@ log = logging.getLogger("initializers.launchers")
 
 TERMINATION_LOG = "/dev/termination-log"
 
-WAIT_HELP = """
-waiting (flags beat env):
-  --require PATH / KF_REQUIRE_ASSETS=PATH,PATH  asset folders that must hold a complete
-                      initializer output (.initializer-manifest.json) before launch
-  --wait-timeout S / KF_WAIT_TIMEOUT=S  how long to wait for assets and peers (default 600; 0 =
-                      look once)
+COMMON_HELP = """
+Every option can also be set by the environment variable shown; flags beat env.
 
 exit codes: the launcher's own once it runs; before that 2 = bad env/flags, 4 = required assets
 still incomplete after the wait, 7 = peers unreachable after the wait, 1 = unexpected.
@@ -39,22 +35,37 @@ def new_parser(prog: str, description: str, epilog: str) -> argparse.ArgumentPar
     parser = argparse.ArgumentParser(
         prog=prog,
         description=description,
-        epilog=epilog + WAIT_HELP,
+        epilog=epilog + COMMON_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "--require",
         action="append",
         metavar="PATH",
-        help="asset folder that must be complete before launch (repeatable)",
+        help="asset folder that must hold a complete initializer output (its "
+        ".initializer-manifest.json) before launch; repeatable (KF_REQUIRE_ASSETS=PATH,PATH)",
     )
-    parser.add_argument("--wait-timeout", type=float, metavar="SECONDS")
+    parser.add_argument(
+        "--wait-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="how long to wait for those assets; 0 = look once (KF_WAIT_TIMEOUT, default 600)",
+    )
+    parser.add_argument(
+        "--peer-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="how long to wait for peers: the torch master, every MPI node's sshd; pods of one "
+        "job may start minutes apart (KF_PEER_TIMEOUT, default 600)",
+    )
     parser.add_argument(
         "--dry-run",
         action="store_true",
         help="validate, print the topology and the command, but do not wait or launch",
     )
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="the user's command")
+    parser.add_argument(
+        "command", nargs=argparse.REMAINDER, help="the user's command, passed on untouched"
+    )
     return parser
 
 

@@ -8,6 +8,7 @@ assets and (on non-zero ranks) for the master, prints the topology, then execs t
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import sys
@@ -30,12 +31,15 @@ from initializers.launchers.shim import (
 )
 
 PROG = "kf-torchrun"
+DESCRIPTION = (
+    "torchrun for Kubeflow Trainer nodes: reads the PET_* env, waits for complete assets and\n"
+    "for the master, prints the topology, then execs torchrun with the user's script."
+)
 EPILOG = """
-torch settings (set by Kubeflow Trainer; with none set, one node runs standalone):
-  PET_NNODES, PET_NPROC_PER_NODE (a number, auto = GPUs visible else usable CPUs, cpu, gpu),
-  PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT (default 29500)
-  --torchrun PATH / KF_TORCHRUN=PATH  the torchrun to exec (default: torchrun on PATH, else
-                      python -m torch.distributed.run)
+torch settings, from the env Kubeflow Trainer sets (with none set, one node runs standalone):
+  PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT (default 29500),
+  PET_NPROC_PER_NODE: a number, or auto (the GPUs visible, else the CPUs the container may use,
+  cgroup quota included), cpu, gpu
 
 examples:
   kf-torchrun --require /workspace/model --require /workspace/dataset train.py --epochs 3
@@ -100,8 +104,6 @@ def torchrun_command(launcher: str | None) -> list[str]:
     found = shutil.which("torchrun")
     if found:
         return [found]
-    import importlib.util
-
     if importlib.util.find_spec("torch") is None:
         raise UsageError(
             f"torch is not installed for {sys.executable} and no torchrun is on PATH; "
@@ -143,8 +145,13 @@ def _size(n: int) -> str:
 
 
 def _body(argv: list[str] | None) -> int:
-    parser = new_parser(PROG, __doc__.splitlines()[0], EPILOG)
-    parser.add_argument("--torchrun", metavar="PATH", help="torchrun to exec (KF_TORCHRUN)")
+    parser = new_parser(PROG, DESCRIPTION, EPILOG)
+    parser.add_argument(
+        "--torchrun",
+        metavar="PATH",
+        help="the torchrun to exec (KF_TORCHRUN; default: torchrun on PATH, else "
+        "python -m torch.distributed.run)",
+    )
     parsed = parser.parse_args(argv)
     env = os.environ
     command = user_command(parsed, PROG, "script")
@@ -163,7 +170,7 @@ def _body(argv: list[str] | None) -> int:
         master = Endpoint(
             top.master_addr, top.master_port, role="master", resolve_only=top.node_rank == 0
         )
-        wait_for_endpoints([master], waits.timeout, what="the torch master")
+        wait_for_endpoints([master], waits.peer_timeout, what="the torch master")
     describe(top, assets)
     show_command(argv_out, {})
     exec_launcher(argv_out, env)

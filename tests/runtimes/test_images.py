@@ -21,7 +21,7 @@ DOCUMENTED_PUBLIC = {
     ),
 }
 SHIM_FLAGS_WITH_VALUE = {
-    "--require", "--wait-timeout", "--torchrun", "--hostfile", "--np", "--ssh-port", "--ssh-key",
+    "--require", "--wait-timeout", "--peer-timeout", "--torchrun", "--hostfile", "--np", "--ssh-port", "--ssh-key",
     "--mpirun", "--mpi",
 }  # fmt: skip
 # Trainer images being written in another issue: until their folder exists, their checks skip

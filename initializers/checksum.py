@@ -18,7 +18,7 @@ from typing import Protocol
 READ_SIZE = 4 << 20
 
 
-class _Digest(Protocol):
+class Digest(Protocol):
     def update(self, data: bytes, /) -> None: ...
     def finish(self) -> str: ...
 
@@ -66,7 +66,7 @@ class _GitBlob(_Hashlib):
         self.update(b"blob %d\0" % size)
 
 
-def _factory(algorithm: str, size: int = 0) -> Callable[[], _Digest] | None:
+def _factory(algorithm: str, size: int = 0) -> Callable[[], Digest] | None:
     if algorithm in ("md5", "sha1", "sha256"):
         return lambda: _Hashlib(algorithm, b64=False)
     if algorithm == "git-sha1":
@@ -85,12 +85,17 @@ def is_supported(algorithm: str) -> bool:
     return _factory(algorithm) is not None
 
 
-def digest_file(fd: int, size: int, algorithm: str) -> str:
-    """Digest of the first ``size`` bytes of the open file ``fd``."""
+def new_digest(algorithm: str, size: int) -> Digest:
+    """A running digest for a ``size``-byte content, fed in order with ``update``."""
     factory = _factory(algorithm, size)
     if factory is None:
         raise ValueError(f"unsupported checksum algorithm {algorithm!r}")
-    digest = factory()
+    return factory()
+
+
+def digest_file(fd: int, size: int, algorithm: str) -> str:
+    """Digest of the first ``size`` bytes of the open file ``fd``."""
+    digest = new_digest(algorithm, size)
     offset = 0
     while offset < size:
         block = os.pread(fd, min(READ_SIZE, size - offset), offset)

@@ -52,7 +52,7 @@ from initializers.manifest import (
 from initializers.progress import Progress, Reporter
 from initializers.progress import human_bytes as _gib
 from initializers.retry import RetryPolicy
-from initializers.sources.base import RemoteFile, Source
+from initializers.sources.base import Checksum, RemoteFile, Source
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,11 @@ def _storage_error(exc: OSError, what: Path | str) -> LocalStorageError:
             f"no space left on the volume while writing {what}; free space "
             "or use a bigger volume, then rerun (fetched bytes are kept)"
         )
-    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+    if exc.errno == errno.EROFS:
+        return LocalStorageError(
+            f"cannot write {what}: the volume is read-only; mount it read-write"
+        )
+    if exc.errno in (errno.EACCES, errno.EPERM):
         return LocalStorageError(
             f"cannot write {what}: {exc.strerror}; make the destination "
             "writable by this user (fsGroup / permissions)"
@@ -100,12 +104,23 @@ def _storage_error(exc: OSError, what: Path | str) -> LocalStorageError:
     return LocalStorageError(f"cannot write {what}: {exc.strerror or exc}")
 
 
+def _inside(dest: Path, target: Path) -> bool:
+    """True when ``target``'s folder is the folder it names under ``dest`` (no symlink on the
+    way, no '..'), so deleting ``target`` cannot touch anything outside the destination."""
+    real_dest = os.path.realpath(dest)
+    expected = os.path.normpath(os.path.join(real_dest, target.relative_to(dest)))
+    return expected.startswith(real_dest + os.sep) and (
+        os.path.realpath(target.parent) == os.path.dirname(expected)
+    )
+
+
 class DestinationLock:
     """An exclusive flock on the destination, so two initializers never interleave writes."""
 
-    def __init__(self, dest: Path) -> None:
+    def __init__(self, dest: Path, stop: threading.Event | None = None) -> None:
         self._path = dest / LOCK_NAME
         self._fd: int | None = None
+        self._stop = stop or threading.Event()  # SIGTERM ends the wait too
 
     def __enter__(self) -> DestinationLock:
         try:
@@ -123,12 +138,18 @@ class DestinationLock:
                         "another initializer is working on %s; waiting for it to finish",
                         self._path.parent,
                     )
-                time.sleep(1)
+                if self._stop.wait(1):
+                    self.__exit__()
+                    raise Interrupted(
+                        "stopped by a signal while another initializer held the destination; "
+                        "rerun to resume"
+                    ) from None
                 waited += 1
 
     def __exit__(self, *exc: object) -> None:
         if self._fd is not None:
             os.close(self._fd)
+            self._fd = None
 
 
 class FileJob:
@@ -150,6 +171,9 @@ class FileJob:
         self._lock = threading.Lock()
         self._pending = 0
         self._resume = False
+        self._expected: Checksum | None = None
+        self._expected_known = False
+        self.streamed_digest: str | None = None  # digest computed while streaming, if any
 
     def plan(self) -> None:
         """Work out which ranges remain, keeping bytes an interrupted run left (opens nothing:
@@ -188,12 +212,25 @@ class FileJob:
             self._pending -= 1
             return self._pending == 0
 
+    def expected_checksum(self, source: Source) -> Checksum | None:
+        """The digest to verify this file against (asked of the source once per fetch)."""
+        if not self._expected_known:
+            expected = source.checksum_for(self.remote, self.headers or {})
+            if expected and not checksums.is_supported(expected.algorithm):
+                log.debug(
+                    "%s: cannot verify %s here; size checked only", self.remote.path, expected
+                )
+                expected = None
+            self._expected, self._expected_known = expected, True
+        return self._expected
+
     def note_headers(self, headers: object) -> None:
         if self.headers is None:
             self.headers = {k.lower(): v for k, v in dict(headers).items()}  # type: ignore[call-overload]
 
     def discard(self) -> None:
         """Forget the bytes on disk (after a checksum mismatch)."""
+        self.streamed_digest = None
         self.close()
         self.journal.remove()
         self.part.unlink(missing_ok=True)
@@ -243,7 +280,7 @@ class Engine:
     def sync(self, files: list[RemoteFile], source_uri: str, revision: str | None) -> Outcome:
         started = time.monotonic()
         self._make_dest()
-        with DestinationLock(self.dest):
+        with DestinationLock(self.dest, self.stop):
             outcome = self._sync_locked(files, source_uri, revision)
         outcome.seconds = time.monotonic() - started
         return outcome
@@ -254,6 +291,8 @@ class Engine:
         except OSError as exc:
             raise _storage_error(exc, self.dest) from None
         if not os.access(self.dest, os.W_OK | os.X_OK):
+            if os.statvfs(self.dest).f_flag & os.ST_RDONLY:
+                raise _storage_error(OSError(errno.EROFS, "read-only"), self.dest)
             raise LocalStorageError(
                 f"cannot write to {self.dest}: permission denied; make it "
                 "writable by this user (fsGroup / permissions)"
@@ -336,6 +375,9 @@ class Engine:
         removed = []
         for path in stale:
             target = self.dest / path
+            if not _inside(self.dest, target):
+                log.warning("%s: not removing %s: it is outside the destination", self.label, path)
+                continue
             if target.is_file() and not target.is_symlink():
                 target.unlink()
                 removed.append(path)
@@ -345,9 +387,12 @@ class Engine:
 
     def _plan_jobs(self, todo: list[RemoteFile]) -> list[FileJob]:
         jobs = []
+        made: set[Path] = set()
         for remote in sorted(todo, key=lambda f: -f.size):  # largest first: shortest tail
             final = self.dest / remote.path
-            ensure_dir_inside(self.dest, final.parent)
+            if final.parent not in made:
+                ensure_dir_inside(self.dest, final.parent)
+                made.add(final.parent)
             if final.is_symlink() or final.is_dir():
                 raise LocalStorageError(
                     f"{final} is a symlink or a folder where the source has "
@@ -407,20 +452,33 @@ class Engine:
         return committed
 
     def _fetch_range(self, job: FileJob, start: int, end: int) -> None:
-        """Fetch ``[start, end)`` into the .part, resuming within the range on retries."""
+        """Fetch ``[start, end)`` into the .part, resuming within the range on retries.
+
+        A file fetched whole in one range is digested as it streams, so committing it needs no
+        read-back; a large file's range is flushed to disk before the journal records it, which
+        spreads the writeback over the fetch instead of piling it up at the end.
+        """
         position = start
         checkpoint = start
+        digest: checksums.Digest | None = None
+        streaming = start == 0 and end == job.remote.size
 
         def attempt() -> None:
-            nonlocal position, checkpoint
+            nonlocal position, checkpoint, digest
             if self.stop.is_set():
                 raise Cancelled
             with self.source.open_range(job.remote, position, end) as reader:
                 job.note_headers(reader.headers)
+                if streaming and digest is None and position == 0:
+                    expected = job.expected_checksum(self.source)
+                    if expected:
+                        digest = checksums.new_digest(expected.algorithm, job.remote.size)
                 for chunk in reader.chunks():
                     if self.stop.is_set():
                         raise Cancelled
                     self._write(job, chunk, position)
+                    if digest is not None:
+                        digest.update(chunk)
                     position += len(chunk)
                     self._progress.add_bytes(len(chunk))
                     if job.resumable and position - checkpoint >= CHECKPOINT:
@@ -429,9 +487,15 @@ class Engine:
 
         try:
             self.retry.call(attempt, job.remote.path)
+            if job.resumable:
+                os.fdatasync(job.open())
+        except OSError as exc:
+            raise _storage_error(exc, job.final) from None
         finally:
             if job.resumable and position > checkpoint:
                 job.journal.record(start, position)
+        if digest is not None:
+            job.streamed_digest = digest.finish()
 
     def _write(self, job: FileJob, chunk: bytes, offset: int) -> None:
         view = memoryview(chunk)
@@ -447,12 +511,11 @@ class Engine:
 
     def _commit(self, job: FileJob) -> FileRecord:
         """Verify the finished .part, make it durable and give it its final name."""
-        expected = self.source.checksum_for(job.remote, job.headers or {})
-        if expected and not checksums.is_supported(expected.algorithm):
-            log.debug("%s: cannot verify %s here; size checked only", job.remote.path, expected)
-            expected = None
+        expected = job.expected_checksum(self.source)
         if expected:
-            actual = checksums.digest_file(job.open(), job.remote.size, expected.algorithm)
+            actual = job.streamed_digest or checksums.digest_file(
+                job.open(), job.remote.size, expected.algorithm
+            )
             if actual != expected.value:
                 return self._refetch_after_mismatch(job, str(expected), actual)
         try:
@@ -469,7 +532,10 @@ class Engine:
             version=job.remote.version,
             mtime_ns=mtime_ns,
         )
-        self._commits.append(job.remote.path, record)
+        try:
+            self._commits.append(job.remote.path, record)
+        except OSError as exc:
+            raise _storage_error(exc, self._commits.path) from None
         self._progress.file_done()
         return record
 

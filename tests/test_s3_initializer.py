@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ACCESS_KEY, SECRET_KEY, Bucket, clean_env, tree
 
 MODEL = {
@@ -212,11 +214,17 @@ def test_a_locally_damaged_file_is_fetched_again(bucket, run_initializer, tmp_pa
     assert "1 fetched" in result.stderr
 
 
-def test_s3_additional_checksums_are_verified_and_recorded(bucket, run_initializer, tmp_path):
-    bucket.put("d/a.bin", b"checksummed", ChecksumAlgorithm="SHA256")
+@pytest.mark.parametrize("algorithm", ["SHA256", "CRC32", "CRC32C", "CRC64NVME"])
+def test_s3_additional_checksums_are_verified_and_recorded(
+    bucket, run_initializer, tmp_path, algorithm
+):
+    bucket.put("d/a.bin", b"checksummed", ChecksumAlgorithm=algorithm)
+    bucket.put("d/big.bin", os.urandom(80 << 20), ChecksumAlgorithm=algorithm)  # ranged
     result = run_initializer("dataset", env=bucket.env("d", OUTPUT_PATH=str(tmp_path)))
     assert result.code == 0, result.output
-    assert manifest(tmp_path)["files"]["a.bin"]["checksum"].startswith("s3-sha256:")
+    for name in ("a.bin", "big.bin"):
+        recorded = manifest(tmp_path)["files"][name]["checksum"]
+        assert recorded.startswith(f"s3-{algorithm.lower()}:"), recorded
 
 
 def test_missing_bucket_exits_4_with_a_clear_reason(bucket, run_initializer, tmp_path):

@@ -27,6 +27,7 @@ from botocore.credentials import (
     DeferredRefreshableCredentials,
 )
 
+from initializers import checksum as checksums
 from initializers.config import Settings
 from initializers.errors import AuthError, NotFoundError, TransientError, UsageError
 from initializers.fsutil import UnsafePathError, safe_relpath
@@ -128,7 +129,7 @@ class S3Source(Source):
             region_name=region,
             signature_version=UNSIGNED if self.settings.anonymous else "s3v4",
             s3={"addressing_style": "path" if self.settings.endpoint else "auto"},
-            retries={"max_attempts": 1, "mode": "standard"},  # our RetryPolicy retries
+            retries={"total_max_attempts": 1, "mode": "standard"},  # our RetryPolicy retries
             connect_timeout=min(10.0, self.settings.timeout),
             read_timeout=self.settings.timeout,
             max_pool_connections=self.settings.workers,
@@ -192,7 +193,10 @@ class S3Source(Source):
         if not objects and prefix and not prefix.endswith("/"):
             single = self._head_object(prefix)
             if single is not None:
-                name = prefix.rsplit("/", 1)[-1]
+                try:  # the object's own name must be as safe as any listed key
+                    name = safe_relpath(prefix.rsplit("/", 1)[-1])
+                except UnsafePathError as exc:
+                    return Listing(None, [], [(prefix, str(exc))])
                 return Listing(None, [self._remote(name, prefix, single)])
         if not objects:
             raise NotFoundError(
@@ -392,8 +396,10 @@ def _checksum_headers(headers: Mapping[str, str]) -> dict[str, str]:
 
 
 def _additional_checksum(obj: Mapping[str, Any]) -> Checksum | None:
+    """The first full-object checksum we can compute, in order of preference."""
     for field, algorithm in _ADDITIONAL:
         value = obj.get(f"Checksum{field}")
-        if value and "-" not in str(value):  # "-N": a composite of part checksums
+        # "-N" marks a composite of part checksums, which no digest of the file reproduces.
+        if value and "-" not in str(value) and checksums.is_supported(algorithm):
             return Checksum(algorithm, str(value))
     return None

@@ -21,8 +21,8 @@ DOCUMENTED_PUBLIC = {
     ),
 }
 SHIM_FLAGS_WITH_VALUE = {
-    "--require", "--wait-timeout", "--peer-timeout", "--torchrun", "--hostfile", "--np", "--ssh-port", "--ssh-key",
-    "--mpirun", "--mpi",
+    "--require", "--wait-timeout", "--peer-timeout", "--torchrun", "--hostfile", "--np",
+    "--ssh-port", "--ssh-key", "--mpirun", "--mpi",
 }  # fmt: skip
 # Trainer images being written in another issue: until their folder exists, their checks skip
 # with this reason; once it exists every check below runs in full.

@@ -1,0 +1,148 @@
+"""``python -m benchmarks``: run the side-by-side benchmark and write its report.
+
+A complete run (scale 1, every contender and default scenario, at least 3 runs) writes
+``docs/benchmarks.md`` and ``docs/benchmarks.png``; partial runs write theirs next to the results
+under ``.bench/results/`` unless ``--docs DIR`` says where.
+"""
+
+from __future__ import annotations
+
+import argparse
+import compileall
+import datetime as dt
+import os
+import shlex
+import shutil
+import sys
+from pathlib import Path
+
+from benchmarks import contenders as contenders_mod
+from benchmarks import harness, machine, report
+from benchmarks.endpoints import Endpoints
+from benchmarks.fixtures import load_or_generate
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    p.add_argument("--scale", type=float, default=1.0, help="fixture size factor (1 = 2 GiB model)")
+    p.add_argument("--runs", type=int, default=3, help="measured runs per contender and scenario")
+    p.add_argument(
+        "--only",
+        help="contenders, comma-separated: " + ", ".join(c.name for c in contenders_mod.ALL),
+    )
+    p.add_argument(
+        "--scenarios",
+        help="comma-separated <cold|warm|resume>-<s3|hf>-<model|dataset>, or a bare kind; "
+        "default: " + ",".join(harness.DEFAULT_SCENARIOS),
+    )
+    p.add_argument("--bench-dir", type=Path, default=REPO_ROOT / ".bench")
+    p.add_argument("--docs", type=Path, help="write benchmarks.md/.png into this folder")
+    p.add_argument("--report", type=Path, help="only re-render the report of a results JSON")
+    return p
+
+
+def _warm_page_cache(root: Path) -> None:
+    """Read the fixture once so every contender is served from memory, not the first one alone."""
+    for folder, _dirs, names in os.walk(root):
+        for name in names:
+            with open(Path(folder, name), "rb") as f:
+                while f.read(8 << 20):
+                    pass
+
+
+def _write_report(results: dict, docs: Path) -> None:
+    docs.mkdir(parents=True, exist_ok=True)
+    (docs / "benchmarks.md").write_text(report.markdown(results))
+    report.chart(results, docs / "benchmarks.png")
+    print(f"report: {docs / 'benchmarks.md'} and {docs / 'benchmarks.png'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.report:
+        import json
+
+        results = json.loads(args.report.read_text())
+        _write_report(results, args.docs or args.report.parent)
+        return 0
+    if shutil.which("nginx") is None and not Path("/usr/sbin/nginx").exists():
+        print(
+            "nginx is not installed; run `make bench` or benchmarks/setup.sh (they install it)",
+            file=sys.stderr,
+        )
+        return 2
+    bench = args.bench_dir.resolve()
+    venv, kserve_venv = bench / "venv", bench / "kserve"
+    try:
+        chosen = contenders_mod.by_names(args.only)
+        scenarios = harness.parse_scenarios(args.scenarios)
+    except ValueError as exc:
+        print(f"python -m benchmarks: {exc}", file=sys.stderr)
+        return 2
+
+    load = os.getloadavg()[0]
+    if load > 1.0:
+        print(f"warning: load average {load:.1f} on {os.cpu_count()} CPUs: other work is running; "
+              "figures will be noisy (the report records it)", flush=True)  # fmt: skip
+    fixture = load_or_generate(bench, args.scale)
+    _warm_page_cache(fixture.data_root)
+    os.sync()  # a freshly generated fixture's writeback must not land in the first runs
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = bench / "results" / stamp
+    out.mkdir(parents=True, exist_ok=True)
+    scratch = bench / "scratch"
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+
+    # The engine may change while a session runs (it takes a while at full size): measure the
+    # code as it was at the start, kept with the results.
+    ours_src = out / "src"
+    shutil.copytree(REPO_ROOT / "initializers", ours_src / "initializers",
+                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    compileall.compile_dir(ours_src, quiet=1)  # no contender pays for bytecode compilation
+    with Endpoints(fixture, bench / "endpoints") as endpoints:
+        ctx = contenders_mod.Context(
+            fixture, endpoints.s3_url, endpoints.hub_url, venv, kserve_venv, scratch, ours_src
+        )
+        runner = harness.Harness(ctx, endpoints, out, log=lambda s: print(s, flush=True))
+        print(f"S3 {endpoints.s3_url}  Hub {endpoints.hub_url}  results {out}", flush=True)
+        try:
+            for scenario in scenarios:
+                runner.run_scenario(scenario, chosen, args.runs)
+        finally:
+            meta = {
+                "command": shlex.join(
+                    ["python", "-m", "benchmarks", *(sys.argv[1:] if argv is None else argv)]
+                ),
+                "date": dt.date.today().isoformat(),
+                "scale": args.scale,
+                "runs": args.runs,
+                "scenarios": scenarios,
+                "contenders": [c.name for c in chosen],
+                "assets": {
+                    a: {"bytes": fixture.expected_bytes(a), "files": len(fixture.expected(a))}
+                    for a in ("model", "dataset")
+                },
+                "machine": machine.describe(venv, kserve_venv),
+            }
+            runner.save(out / "results.json", meta)
+    results = {"meta": meta, "records": [r.__dict__ for r in runner.records]}
+    print()
+    print(report.markdown(results))
+    complete = (
+        args.scale >= 1
+        and args.runs >= 3
+        and len(chosen) == len(contenders_mod.ALL)
+        and set(harness.DEFAULT_SCENARIOS) <= set(scenarios)
+    )
+    _write_report(results, args.docs or (REPO_ROOT / "docs" if complete else out))
+    failed = [r for r in runner.records if not r.ok]
+    if failed:
+        print(f"{len(failed)} run(s) failed their check; see the 'runs ok' column and {out}/logs")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,298 @@
+"""The contenders: how each one is asked to fetch an asset into a destination folder.
+
+Every contender runs as its own process (tree) with a clean environment and the same
+credentials, against the same endpoints. For the model, everyone fetches the same files: ours
+with its default patterns, the others with the equivalent excludes (``fixtures.MODEL_EXCLUDES``)
+or, for ``snapshot_download``, the same allow/ignore globs.
+
+``rerun`` is the command for a second run into a destination that already holds (part of) the
+asset: the same command, except for tools whose own answer to that is a different mode
+(``s5cmd sync``, ``aws s3 sync``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from benchmarks.fixtures import BUCKET, MODEL_ALLOW, MODEL_EXCLUDES, MODEL_IGNORE, Fixture
+
+CLIENTS = Path(__file__).resolve().parent / "clients"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+HUB_REPOS = {"model": ("bench/model", "model"), "dataset": ("bench/dataset", "dataset")}
+
+
+@dataclass(frozen=True)
+class Task:
+    """What to fetch: from which endpoint ("s3" or "hf"), which asset, first run or a rerun."""
+
+    source: str
+    asset: str
+    rerun: bool = False
+
+
+@dataclass
+class Context:
+    """Where everything is: fixture, endpoints, venvs, a scratch folder for this run."""
+
+    fixture: Fixture
+    s3_url: str
+    hub_url: str
+    venv: Path
+    kserve_venv: Path
+    scratch: Path
+    ours_src: Path | None = None  # a frozen copy of the package, so one session measures one code
+
+    def base_env(self) -> dict[str, str]:
+        home = self.scratch / "home"
+        home.mkdir(parents=True, exist_ok=True)
+        return {
+            "PATH": f"{self.venv / 'bin'}:/usr/local/bin:/usr/bin:/bin",
+            "HOME": str(home),
+            "LANG": "C.UTF-8",
+            "TMPDIR": str(self.scratch),
+            "AWS_ACCESS_KEY_ID": "bench-access-key",
+            "AWS_SECRET_ACCESS_KEY": "bench-secret-key",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_REGION": "us-east-1",
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "HF_ENDPOINT": self.hub_url,
+            "HF_HOME": str(self.scratch / "hf-home"),
+            "HF_HUB_DISABLE_XET": "1",
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+            "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+        }
+
+
+@dataclass
+class Invocation:
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def _excludes(asset: str) -> tuple[str, ...]:
+    return MODEL_EXCLUDES if asset == "model" else ()
+
+
+class Contender:
+    """One tool. ``command`` returns None for tasks it cannot do (e.g. S3 tools on the Hub)."""
+
+    name = ""
+    label = ""
+    sources: tuple[str, ...] = ("s3",)
+    reference = False  # not an S3/Hub client: a yardstick (disk copy, raw GETs)
+    skips_complete = False  # a rerun into a complete destination fetches nothing
+    resumes_partial = False  # a rerun after a kill continues half-written files
+
+    def command(self, ctx: Context, task: Task, dest: Path) -> Invocation | None:
+        raise NotImplementedError
+
+    def applies(self, task: Task) -> bool:
+        return task.source in self.sources
+
+
+class Ours(Contender):
+    name, label = "ours", "kf-initializers (this project)"
+    sources = ("s3", "hf")
+    skips_complete = resumes_partial = True
+
+    def command(self, ctx: Context, task: Task, dest: Path) -> Invocation:
+        program = ctx.venv / "bin" / f"{task.asset}-initializer"
+        if task.source == "s3":
+            uri, extra = f"s3://{BUCKET}/{task.asset}", ["--endpoint", ctx.s3_url]
+        else:
+            repo, kind = HUB_REPOS[task.asset]
+            uri, extra = (f"hf://datasets/{repo}" if kind == "dataset" else f"hf://{repo}"), []
+        env = {
+            **({"PYTHONPATH": str(ctx.ours_src)} if ctx.ours_src else {}),
+            "ACCESS_KEY_ID": "bench-access-key",
+            "SECRET_ACCESS_KEY": "bench-secret-key",
+            "TERMINATION_LOG": str(ctx.scratch / "termination-log"),
+        }
+        argv = [str(program), "--storage-uri", uri, "--output", str(dest), *extra]
+        return Invocation(argv, env)
+
+
+class S5cmd(Contender):
+    name, label = "s5cmd", "s5cmd"
+    skips_complete = True  # with `sync` on reruns
+
+    def command(self, ctx: Context, task: Task, dest: Path) -> Invocation:
+        verb = "sync" if task.rerun else "cp"
+        excludes = [a for p in _excludes(task.asset) for a in ("--exclude", p)]
+        argv = [
+            str(ctx.venv / "bin" / "s5cmd"), "--endpoint-url", ctx.s3_url, verb, *excludes,
+            f"s3://{BUCKET}/{task.asset}/*", f"{dest}/",
+        ]  # fmt: skip
+        return Invocation(argv)
+
+
+class AwsCli(Contender):
+    name, label = "aws-cli", "aws s3 cp --recursive"
+    skips_complete = True  # with `aws s3 sync` on reruns
+
+    def command(self, ctx: Context, task: Task, dest: Path) -> Invocation:
+        verb = ["sync"] if task.rerun else ["cp", "--recursive"]
+        excludes = [a for p in _excludes(task.asset) for a in ("--exclude", p)]
+        argv = [
+            str(ctx.venv / "bin" / "aws"), "s3", *verb, f"s3://{BUCKET}/{task.asset}/", str(dest),
+            "--endpoint-url", ctx.s3_url, "--only-show-errors", *excludes,
+        ]  # fmt: skip
+        return Invocation(argv, {"AWS_CONFIG_FILE": "/dev/null"})
+
+
+class Boto3(Contender):
+    name, label = "boto3", "boto3 TransferManager"
+
+    def command(self, ctx: Context, task: Task, dest: Path) -> Invocation:
+        excludes = [a for p in _excludes(task.asset) for a in ("--exclude", p)]
+        argv = [
+            str(ctx.venv / "bin" / "python"), str(CLIENTS / "boto3_tm.py"),
+            "--endpoint", ctx.s3_url, "--bucket", BUCKET, "--prefix", task.asset,
+            "--dest", str(dest), *excludes,
+        ]  # fmt: skip
+        return Invocation(argv)
+
+
+class KubeflowS3(Contender):
+    name, label = "kubeflow-s3", "Kubeflow S3 initializer (OpenDAL)"
+
+    def command(self, ctx: Context, task: Task, dest: Path) -> Invocation:
+        excludes = [a for p in _excludes(task.asset) for a in ("--exclude", p)]
+        argv = [
+            str(ctx.venv / "bin" / "python"), str(CLIENTS / "kubeflow_opendal.py"),
+            "--endpoint", ctx.s3_url, "--bucket", BUCKET, "--prefix", task.asset,
+            "--dest", str(dest), *excludes,
+        ]  # fmt: skip
+        return Invocation(argv)
+
+
+class KServe(Contender):
+    name, label = "kserve", "KServe storage initializer"
+    sources = ("s3", "hf")
+
+    def applies(self, task: Task) -> bool:
+        # kserve-storage's hf:// takes owner/model only: no dataset repos.
+        return super().applies(task) and not (task.source == "hf" and task.asset == "dataset")
+
+    def command(self, ctx: Context, task: Task, dest: Path) -> Invocation:
+        uri = f"s3://{BUCKET}/{task.asset}" if task.source == "s3" else "hf://bench/model"
+        env = {
+            "AWS_ENDPOINT_URL": ctx.s3_url,
+            "S3_VERIFY_SSL": "0",
+            "PATH": f"{ctx.kserve_venv / 'bin'}:/usr/bin:/bin",
+        }
+        if task.asset == "model":
+            env["STORAGE_IGNORE_PATTERNS"] = ",".join(MODEL_EXCLUDES)
+        argv = [str(ctx.kserve_venv / "bin" / "python"), str(CLIENTS / "kserve_init.py"), uri]
+        return Invocation([*argv, str(dest)], env)
+
+
+class HfSnapshot(Contender):
+    name, label = "hf-snapshot", "huggingface_hub snapshot_download"
+    sources = ("hf",)
+    skips_complete = True  # 2.x downloads into a per-process temp file: partial files restart
+
+    def command(self, ctx: Context, task: Task, dest: Path) -> Invocation:
+        repo, kind = HUB_REPOS[task.asset]
+        argv = [
+            str(ctx.venv / "bin" / "python"), str(CLIENTS / "hf_snapshot.py"),
+            "--repo", repo, "--repo-type", kind, "--dest", str(dest),
+        ]  # fmt: skip
+        if task.asset == "model":
+            argv += [a for p in MODEL_ALLOW for a in ("--allow", p)]
+            argv += [a for p in MODEL_IGNORE for a in ("--ignore", p)]
+        return Invocation(argv)
+
+
+class Curl8(Contender):
+    """Reference: eight curl processes, each GETting its share of the files (balanced by size)."""
+
+    name, label = "curl-8", "8 \u00d7 curl, raw GETs (reference)"
+    sources = ("s3", "hf")
+    reference = True
+
+    def applies(self, task: Task) -> bool:
+        return super().applies(task) and not task.rerun
+
+    def command(self, ctx: Context, task: Task, dest: Path) -> Invocation:
+        files = sorted(ctx.fixture.expected(task.asset).items(), key=lambda kv: -kv[1].size)
+        shares: list[list[str]] = [[] for _ in range(8)]
+        loads = [0] * 8
+        for rel, obj in files:
+            i = loads.index(min(loads))
+            loads[i] += obj.size
+            if task.source == "s3":
+                url = f"{ctx.s3_url}/{BUCKET}/{task.asset}/{rel}"
+            else:
+                repo, kind = HUB_REPOS[task.asset]
+                base = (
+                    f"{ctx.hub_url}/datasets/{repo}"
+                    if kind == "dataset"
+                    else f"{ctx.hub_url}/{repo}"
+                )
+                url = f"{base}/resolve/main/{rel}"
+            shares[i] += [f'url = "{url}"', f'output = "{dest / rel}"']
+        script = []
+        for i, lines in enumerate(shares):
+            if not lines:
+                continue
+            config = ctx.scratch / f"curl-{i}.cfg"
+            config.write_text(
+                "\n".join(
+                    ["--fail", "--silent", "--show-error", "--create-dirs", "--location", *lines]
+                )
+                + "\n"
+            )
+            script.append(f'curl -K {config} & pids="$pids $!"')
+        script.append("for p in $pids; do wait $p || exit 1; done")
+        return Invocation(["/bin/bash", "-c", "\n".join(script)])
+
+
+class DiskCopy(Contender):
+    """Reference: ``cp`` of the same files from the fixture folder (page cache to disk)."""
+
+    name, label = "disk-copy", "cp from local disk (reference)"
+    sources = ("s3", "hf")
+    reference = True
+
+    def applies(self, task: Task) -> bool:
+        return super().applies(task) and not task.rerun
+
+    def command(self, ctx: Context, task: Task, dest: Path) -> Invocation:
+        listing = ctx.scratch / "copy-list.txt"
+        listing.write_text("\n".join(sorted(ctx.fixture.expected(task.asset))) + "\n")
+        source = ctx.fixture.source_path(task.asset)
+        script = (
+            f"mkdir -p {dest} && cd {source} && xargs -d '\\n' -a {listing} cp --parents -t {dest}"
+        )
+        return Invocation(["/bin/bash", "-c", script])
+
+
+ALL: tuple[Contender, ...] = (
+    Ours(),
+    S5cmd(),
+    AwsCli(),
+    Boto3(),
+    KubeflowS3(),
+    KServe(),
+    HfSnapshot(),
+    Curl8(),
+    DiskCopy(),
+)
+
+
+def by_names(names: str | None) -> list[Contender]:
+    if not names:
+        return list(ALL)
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    known = {c.name: c for c in ALL}
+    unknown = [n for n in wanted if n not in known]
+    if unknown:
+        raise ValueError(f"unknown contender(s) {unknown}; choose from {', '.join(known)}")
+    return [known[n] for n in wanted]
+
+
+def environment(ctx: Context, invocation: Invocation) -> dict[str, str]:
+    """A contender's whole environment: built from scratch, nothing of the harness's leaks in."""
+    return ctx.base_env() | invocation.env

@@ -1,0 +1,194 @@
+"""Generate the benchmark's model and dataset on disk, once per scale, with S3-shaped ETags.
+
+Layout under ``.bench/fixtures/scale-<s>/``: ``s3/<bucket>/model/...`` and
+``s3/<bucket>/dataset/...`` (the folder nginx serves) and ``index.json`` (every object's size,
+MD5 and the ETag a real ``aws s3 cp`` upload would have given it: plain MD5 below 8 MiB, the
+multipart ``"<md5 of part md5s>-N"`` shape with 8 MiB parts above).
+
+The model holds what a Hugging Face repo holds: safetensors shards and configs that the model
+initializer's default patterns fetch, plus files those defaults skip (``.bin``, ``.h5``,
+``.msgpack``, ``.pth``, README, .gitattributes). Every contender is asked to fetch the same set.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from fnmatch import fnmatchcase
+from pathlib import Path
+
+import numpy as np
+
+MiB = 1 << 20
+KiB = 1 << 10
+BUCKET = "bench"
+FORMAT = 3
+MULTIPART_THRESHOLD = 8 * MiB  # aws s3 cp / s3transfer defaults
+MULTIPART_CHUNK = 8 * MiB
+FIXED_MTIME = 1_735_689_600  # 2025-01-01T00:00:00Z: stable Last-Modified across regenerations
+
+# The model initializer's defaults (docs/CLI-CONTRACT.md); the fixture checks it agrees with them.
+MODEL_ALLOW = (
+    "*.json", "*.safetensors", "*.model", "*.txt", "*.gguf", "*.tiktoken", "tokenizer*",
+)  # fmt: skip
+MODEL_IGNORE = ("*.msgpack", "*.h5", "*.bin", "*.pt", "*.pth")
+# What the other contenders are told to leave out of the model prefix: the same set, as excludes.
+MODEL_EXCLUDES = ("*.msgpack", "*.h5", "*.bin", "*.pt", "*.pth", "*.md", "*.gitattributes")
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One object of the fixture, as the S3 listing reports it."""
+
+    key: str
+    size: int
+    md5: str
+    etag: str  # with the quotes, as S3 sends it
+
+
+@dataclass
+class Fixture:
+    """A generated fixture: where it lives and what each asset must contain."""
+
+    root: Path
+    scale: float
+    objects: dict[str, ObjectInfo]
+
+    @property
+    def data_root(self) -> Path:
+        """The folder nginx serves: ``<data_root>/<bucket>/<key>``."""
+        return self.root / "s3"
+
+    def source_path(self, key: str) -> Path:
+        return self.data_root / BUCKET / key
+
+    def listing(self, asset: str) -> dict[str, ObjectInfo]:
+        """Every object under the asset's prefix, by path relative to it."""
+        prefix = asset + "/"
+        return {k[len(prefix) :]: o for k, o in self.objects.items() if k.startswith(prefix)}
+
+    def expected(self, asset: str) -> dict[str, ObjectInfo]:
+        """What a correct fetch of ``asset`` ("model" or "dataset") leaves in the destination."""
+        files = self.listing(asset)
+        if asset == "model":
+            return {rel: o for rel, o in files.items() if model_selects(rel)}
+        return files
+
+    def expected_bytes(self, asset: str) -> int:
+        return sum(o.size for o in self.expected(asset).values())
+
+
+def model_selects(rel: str) -> bool:
+    """The model initializer's default allow/ignore rule (fnmatch on the relative path)."""
+    allowed = any(fnmatchcase(rel, p) for p in MODEL_ALLOW)
+    return allowed and not any(fnmatchcase(rel, p) for p in MODEL_IGNORE)
+
+
+def excluded_by_excludes(rel: str) -> bool:
+    """The exclude-list form of the same rule, which the other contenders are given."""
+    name = rel.rsplit("/", 1)[-1]
+    return any(fnmatchcase(rel, p) or fnmatchcase(name, p) for p in MODEL_EXCLUDES)
+
+
+def _model_files(scale: float) -> list[tuple[str, int]]:
+    shard = max(MiB, int(256 * MiB * scale))
+    # Odd sizes, a little over 256 MiB each, so no shard is a whole number of parts or pages.
+    files = [(f"model-{i:05d}-of-00008.safetensors", shard + 4099 * i + 17) for i in range(1, 9)]
+    files += [
+        ("model.safetensors.index.json", 24 * KiB),
+        ("config.json", 1 * KiB + 300),
+        ("generation_config.json", 200),
+        ("tokenizer.json", 2 * MiB + 12345),
+        ("tokenizer_config.json", 50 * KiB),
+        ("special_tokens_map.json", 500),
+        ("tokenizer.model", 500 * KiB),
+        ("merges.txt", 450 * KiB),
+        # Skipped by the model defaults: other frameworks' weights, docs, git metadata.
+        ("pytorch_model.bin", max(KiB, int(32 * MiB * scale)) + 3),
+        ("tf_model.h5", max(KiB, int(16 * MiB * scale)) + 5),
+        ("flax_model.msgpack", max(KiB, int(16 * MiB * scale)) + 7),
+        ("original/consolidated.00.pth", max(KiB, int(32 * MiB * scale)) + 9),
+        ("README.md", 5 * KiB),
+        (".gitattributes", 1500),
+    ]
+    return files
+
+
+def _dataset_files(scale: float) -> list[tuple[str, int]]:
+    count = max(16, round(2000 * scale))
+    rng = np.random.default_rng(2000)
+    sizes = rng.integers(64 * KiB, MiB + 1, size=count)
+    exts = ("parquet", "jsonl", "arrow", "png")
+    files = [("README.md", 3 * KiB), ("dataset_info.json", 2 * KiB)]
+    for i, size in enumerate(sizes.tolist()):
+        split = "train" if i % 10 < 8 else ("validation" if i % 10 == 8 else "test")
+        files.append((f"data/{split}/shard-{i // 50:03d}/{i:06d}.{exts[i % 4]}", int(size)))
+    return files
+
+
+def _write_object(path: Path, size: int, seed: int) -> tuple[str, str]:
+    """Write ``size`` seeded random bytes; return (md5 hex, S3 ETag with quotes)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    whole = hashlib.md5()
+    parts: list[bytes] = []
+    with open(path, "wb") as f:
+        remaining = size
+        while remaining:
+            n = min(MULTIPART_CHUNK, remaining)
+            block = rng.bytes(n)
+            f.write(block)
+            whole.update(block)
+            parts.append(hashlib.md5(block).digest())
+            remaining -= n
+    os.utime(path, (FIXED_MTIME, FIXED_MTIME))
+    if size >= MULTIPART_THRESHOLD:
+        etag = f'"{hashlib.md5(b"".join(parts)).hexdigest()}-{len(parts)}"'
+    else:
+        etag = f'"{whole.hexdigest()}"'
+    return whole.hexdigest(), etag
+
+
+def fixture_dir(bench_dir: Path, scale: float) -> Path:
+    return bench_dir / "fixtures" / f"scale-{scale:g}"
+
+
+def load_or_generate(bench_dir: Path, scale: float, log=print) -> Fixture:
+    """The fixture for ``scale``, generating it (a few seconds per GiB) when missing or stale."""
+    root = fixture_dir(bench_dir, scale).resolve()
+    index = root / "index.json"
+    if index.exists():
+        body = json.loads(index.read_text())
+        if body.get("format") == FORMAT:
+            objects = {k: ObjectInfo(**v) for k, v in body["objects"].items()}
+            return Fixture(root, scale, objects)
+    log(f"generating fixtures at scale {scale:g} under {root} ...")
+    objects: dict[str, ObjectInfo] = {}
+    seed = 0
+    for asset, files in (("model", _model_files(scale)), ("dataset", _dataset_files(scale))):
+        for rel, size in files:
+            seed += 1
+            key = f"{asset}/{rel}"
+            md5, etag = _write_object(root / "s3" / BUCKET / key, size, seed)
+            objects[key] = ObjectInfo(key, size, md5, etag)
+    fixture = Fixture(root, scale, objects)
+    _check_model_rules(fixture)
+    index.write_text(
+        json.dumps(
+            {
+                "format": FORMAT,
+                "scale": scale,
+                "objects": {k: asdict(o) for k, o in objects.items()},
+            }
+        )
+    )
+    return fixture
+
+
+def _check_model_rules(fixture: Fixture) -> None:
+    """The include rule (ours) and the exclude rule (everyone else's) must pick the same files."""
+    for rel in fixture.listing("model"):
+        if model_selects(rel) == excluded_by_excludes(rel):
+            raise RuntimeError(f"fixture: model defaults and excludes disagree on {rel}")

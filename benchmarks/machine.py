@@ -1,0 +1,70 @@
+"""Describe the machine and the tool versions a set of figures came from."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _first_line(argv: list[str]) -> str:
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return "not installed"
+    text = (out.stdout or out.stderr).strip()
+    return text.splitlines()[0] if text else "unknown"
+
+
+def _pkg(python: Path, name: str) -> str:
+    code = f"from importlib import metadata; print(metadata.version({name!r}))"
+    return _first_line([str(python), "-c", code])
+
+
+def describe(venv: Path, kserve_venv: Path) -> dict[str, object]:
+    """Machine facts and versions, as plain strings for the report."""
+    mem_kib = 0
+    cpu = "unknown"
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                mem_kib = int(line.split()[1])
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    py = venv / "bin" / "python"
+    commit = _first_line(["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"])
+    dirty = _first_line(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "initializers"])
+    return {
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "cpus": os.cpu_count(),
+        "cpu_model": cpu,
+        "memory_gib": round(mem_kib / 1024 / 1024, 1),
+        "kernel": platform.release(),
+        "os": _first_line(["sh", "-c", ". /etc/os-release && echo $PRETTY_NAME"]),
+        "python": _first_line([str(py), "--version"]),
+        "versions": {
+            "kf-initializers": f"{_pkg(py, 'kf-initializers')} (git {commit}"
+            + (", uncommitted changes)" if dirty not in ("", "unknown") else ")"),
+            "nginx": _first_line(["nginx", "-v"]).removeprefix("nginx version: "),
+            "s5cmd": _first_line([str(venv / "bin" / "s5cmd"), "version"]),
+            "aws-cli": _first_line([str(venv / "bin" / "aws"), "--version"]).split(" Python")[0],
+            "boto3": _pkg(py, "boto3"),
+            "s3transfer": _pkg(py, "s3transfer"),
+            "huggingface_hub": _pkg(py, "huggingface_hub"),
+            "opendal": _pkg(py, "opendal"),
+            "kserve-storage": _pkg(kserve_venv / "bin" / "python", "kserve-storage"),
+            "curl": " ".join(_first_line(["curl", "--version"]).split()[:2]),
+        },
+    }
+
+
+def versions_of_libraries() -> dict[str, str]:
+    """Versions of the harness's own libraries (matplotlib, psutil)."""
+    return {name: metadata.version(name) for name in ("matplotlib", "psutil")}

@@ -1,0 +1,98 @@
+"""A fast S3 endpoint on 127.0.0.1: nginx serves object bytes from disk, Python answers listings.
+
+nginx routes by request shape: a plain ``GET``/``HEAD /bucket/key`` (presigned or not) is a
+static file with Range, keep-alive and sendfile, and an ETag from a generated map (S3's MD5 or
+multipart shape, so ``If-Match`` from s3transfer agrees); requests on the bucket itself, object
+requests with a sub-resource query (``?partNumber=``, ``?versionId=``, ...) and other methods
+go to :mod:`benchmarks.s3api`. Path-style addressing only, no
+signature checks.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks.fixtures import BUCKET, Fixture
+from benchmarks.nginx import wait_for_port
+
+# Query parameters that make a request on an object an operation other than reading its bytes.
+_SUBRESOURCE_NAMES = """partNumber versionId uploadId uploads acl tagging attributes torrent
+    retention legal-hold restore select"""
+SUBRESOURCES = "|".join(_SUBRESOURCE_NAMES.split())
+NO_SUCH_KEY = (
+    '<?xml version="1.0" encoding="UTF-8"?><Error><Code>NoSuchKey</Code>'
+    "<Message>The specified key does not exist.</Message><RequestId>bench</RequestId></Error>"
+)
+
+
+def etag_map(fixture: Fixture) -> str:
+    """nginx ``map $uri $s3_etag`` with every object's S3 ETag."""
+    lines = ["map $uri $s3_etag {", '    default "";']
+    for key, obj in sorted(fixture.objects.items()):
+        lines.append(f"    \"/{BUCKET}/{key}\" '{obj.etag}';")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def s3_http_body(fixture: Fixture, run_dir: Path, port: int, api_port: int) -> str:
+    """The S3 endpoint's part of nginx's ``http {}``: maps, the API upstream, the server."""
+    (run_dir / "etags.map").write_text(etag_map(fixture))
+    return f"""
+    include {run_dir}/etags.map;
+    # Query strings that make a request on an object something other than a plain GET/HEAD of
+    # its bytes; presigned (X-Amz-*) and x-id=GetObject queries are plain GETs.
+    map $args $s3_has_args {{ "~(^|&)({SUBRESOURCES})(=|&|$)" 1; default 0; }}
+    map $uri $s3_is_bucket {{ ~^/[^/]*/?$ 1; default 0; }}
+    map $request_method $s3_other_method {{ GET 0; HEAD 0; default 1; }}
+    map "$s3_has_args$s3_is_bucket$s3_other_method" $s3_to_api {{ "000" 0; default 1; }}
+    map "$http_if_match=$s3_etag" $s3_if_match_ok {{ "~^(.+)=\\1$" 1; default 0; }}
+    upstream s3api {{ server 127.0.0.1:{api_port}; keepalive 32; }}
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        root {fixture.data_root};
+        location / {{
+            error_page 418 = @s3api;
+            error_page 404 = @nosuchkey;
+            if ($s3_to_api) {{ return 418; }}
+            # nginx checks If-Match against its own ETag ("mtime-size"); ours is S3's. When the
+            # client's If-Match is our ETag, drop it so the request is served; a stale one still
+            # gets nginx's 412, as S3 would answer.
+            if ($s3_if_match_ok) {{ more_clear_input_headers If-Match; }}
+            etag off;
+            add_header ETag $s3_etag;
+            add_header x-amz-request-id bench;
+        }}
+        location @s3api {{
+            proxy_pass http://s3api;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Host $http_host;
+            proxy_buffering off;
+            proxy_request_buffering off;
+        }}
+        location @nosuchkey {{
+            default_type application/xml;
+            return 404 '{NO_SUCH_KEY}';
+        }}
+    }}
+"""
+
+
+def start_s3api(fixture: Fixture, port: int) -> subprocess.Popen:
+    """The listing layer, in a process of its own."""
+    argv = [
+        sys.executable, "-m", "benchmarks.s3api",
+        "--index", str(fixture.root / "index.json"),
+        "--data", str(fixture.data_root),
+        "--port", str(port),
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    wait_for_port(port)
+    return proc

@@ -1,0 +1,1 @@
+"""Checks that the benchmark harness measures what it claims to (run: make bench-test)."""

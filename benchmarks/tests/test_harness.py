@@ -1,0 +1,235 @@
+"""The harness's endpoints, checks and measurements, against real nginx and real clients.
+
+Run with ``.bench/venv/bin/python -m pytest benchmarks/tests -q`` (after ``benchmarks/setup.sh``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+
+from benchmarks import measure, verify
+from benchmarks.endpoints import Endpoints
+from benchmarks.fixtures import BUCKET, Fixture, load_or_generate
+
+MiB = 1 << 20
+SCALE = 0.04  # shards of ~10 MiB (above the 8 MiB multipart threshold), 80 dataset files
+
+
+@pytest.fixture(scope="module")
+def fixture(tmp_path_factory: pytest.TempPathFactory) -> Fixture:
+    return load_or_generate(tmp_path_factory.mktemp("bench"), SCALE, log=lambda _: None)
+
+
+@pytest.fixture(scope="module")
+def endpoints(fixture: Fixture, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints]:
+    with Endpoints(fixture, tmp_path_factory.mktemp("run")) as eps:
+        yield eps
+
+
+@pytest.fixture(scope="module")
+def s3(endpoints: Endpoints):  # type: ignore[no-untyped-def]
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoints.s3_url,
+        region_name="us-east-1",
+        aws_access_key_id="k",
+        aws_secret_access_key="s",
+    )
+
+
+def test_listing_pages_through_every_key_in_order(fixture: Fixture, s3) -> None:  # type: ignore[no-untyped-def]
+    keys = []
+    pages = s3.get_paginator("list_objects_v2").paginate(
+        Bucket=BUCKET, Prefix="dataset/", PaginationConfig={"PageSize": 7}
+    )
+    for page in pages:
+        keys += [(o["Key"], o["Size"], o["ETag"]) for o in page.get("Contents", [])]
+    expected = sorted(
+        (k, o.size, o.etag) for k, o in fixture.objects.items() if k.startswith("dataset/")
+    )
+    assert keys == expected
+
+
+def test_listing_with_a_delimiter_groups_folders(s3) -> None:  # type: ignore[no-untyped-def]
+    page = s3.list_objects_v2(Bucket=BUCKET, Prefix="dataset/data/", Delimiter="/")
+    prefixes = [p["Prefix"] for p in page["CommonPrefixes"]]
+    assert prefixes == ["dataset/data/test/", "dataset/data/train/", "dataset/data/validation/"]
+    assert "Contents" not in page
+
+
+def test_etags_have_s3_shapes_md5_or_multipart(fixture: Fixture, s3) -> None:  # type: ignore[no-untyped-def]
+    small = s3.head_object(Bucket=BUCKET, Key="model/config.json")
+    data = fixture.source_path("model/config.json").read_bytes()
+    assert small["ETag"] == f'"{hashlib.md5(data).hexdigest()}"'
+    big = fixture.objects["model/model-00002-of-00008.safetensors"]  # uploaded in 8 MiB parts
+    assert big.size > 8 * MiB
+    raw = fixture.source_path(big.key).read_bytes()
+    parts = [hashlib.md5(raw[i : i + 8 * MiB]).digest() for i in range(0, len(raw), 8 * MiB)]
+    expected = f'"{hashlib.md5(b"".join(parts)).hexdigest()}-{len(parts)}"'
+    assert s3.head_object(Bucket=BUCKET, Key=big.key)["ETag"] == expected
+
+
+def test_object_bytes_come_from_nginx_even_when_presigned(
+    fixture: Fixture, endpoints: Endpoints, s3
+) -> None:  # type: ignore[no-untyped-def]
+    key = "model/model-00001-of-00008.safetensors"
+    url = s3.generate_presigned_url("get_object", Params={"Bucket": BUCKET, "Key": key})
+    position = endpoints.log_position()
+    with urllib.request.urlopen(url) as response:
+        body = response.read()
+        server = response.headers["Server"]
+    assert body == fixture.source_path(key).read_bytes()
+    assert server.startswith("nginx")
+    traffic = endpoints.traffic_since(position)["s3"]
+    assert traffic.data_bytes == len(body)
+    # A listing is not file data.
+    position = endpoints.log_position()
+    s3.list_objects_v2(Bucket=BUCKET, Prefix="model/")
+    assert endpoints.traffic_since(position)["s3"].data_bytes == 0
+
+
+def test_if_match_passes_with_our_etag_and_fails_with_a_stale_one(fixture: Fixture, s3) -> None:  # type: ignore[no-untyped-def]
+    key = "model/tokenizer.json"
+    good = s3.get_object(
+        Bucket=BUCKET, Key=key, Range="bytes=0-9", IfMatch=fixture.objects[key].etag
+    )
+    assert good["Body"].read() == fixture.source_path(key).read_bytes()[:10]
+    with pytest.raises(ClientError) as stale:
+        s3.get_object(Bucket=BUCKET, Key=key, IfMatch='"0123456789abcdef0123456789abcdef"')
+    assert stale.value.response["ResponseMetadata"]["HTTPStatusCode"] == 412
+
+
+def test_boto3_download_file_uses_ranged_if_match_gets(
+    fixture: Fixture, s3, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    from boto3.s3.transfer import TransferConfig
+
+    key = "model/model-00002-of-00008.safetensors"
+    config = TransferConfig(multipart_threshold=MiB, multipart_chunksize=MiB)
+    s3.download_file(BUCKET, key, str(tmp_path / "out"), Config=config)
+    assert (tmp_path / "out").read_bytes() == fixture.source_path(key).read_bytes()
+
+
+def test_missing_keys_and_buckets_answer_like_s3(s3) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ClientError) as missing:
+        s3.get_object(Bucket=BUCKET, Key="model/absent.json")
+    assert missing.value.response["Error"]["Code"] == "NoSuchKey"
+    with pytest.raises(ClientError) as bucket:
+        s3.list_objects_v2(Bucket="other-bucket")
+    assert bucket.value.response["Error"]["Code"] == "NoSuchBucket"
+    s3.head_bucket(Bucket=BUCKET)
+
+
+def test_hub_serves_snapshot_download_with_lfs_bytes_from_the_cdn_port(
+    fixture: Fixture, endpoints: Endpoints, tmp_path: Path
+) -> None:
+    env = dict(
+        os.environ,
+        HF_ENDPOINT=endpoints.hub_url,
+        HF_HOME=str(tmp_path / "hf-home"),
+        HF_HUB_DISABLE_XET="1",
+        HF_HUB_DISABLE_PROGRESS_BARS="1",
+    )
+    code = (
+        "import sys; from huggingface_hub import snapshot_download; "
+        "snapshot_download('bench/dataset', repo_type='dataset', local_dir=sys.argv[1])"
+    )
+    position = endpoints.log_position()
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "d")], env=env, check=True)
+    assert verify.check(tmp_path / "d", fixture, "dataset") == []
+    assert endpoints.traffic_since(position)["hub"].data_bytes == fixture.expected_bytes("dataset")
+    with open(endpoints.run_dir / "access.log") as log:
+        cdn_lines = [line for line in log if f" {endpoints.cdn_port} GET /lfs/" in line]
+    assert cdn_lines, "LFS files must be redirected to nginx's CDN port"
+
+
+def _copy(fixture: Fixture, asset: str, dest: Path) -> None:
+    for rel in fixture.expected(asset):
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(fixture.source_path(f"{asset}/{rel}").read_bytes())
+
+
+def test_verify_accepts_an_exact_copy_and_client_bookkeeping(
+    fixture: Fixture, tmp_path: Path
+) -> None:
+    _copy(fixture, "model", tmp_path)
+    (tmp_path / ".initializer-manifest.json").write_text("{}")
+    (tmp_path / ".cache" / "huggingface").mkdir(parents=True)
+    (tmp_path / ".cache" / "huggingface" / "x.metadata").write_text("x")
+    assert verify.check(tmp_path, fixture, "model") == []
+
+
+@pytest.mark.parametrize("damage", ["missing", "extra", "short", "flipped", "leftover-part"])
+def test_verify_reports_every_kind_of_damage(fixture: Fixture, tmp_path: Path, damage: str) -> None:
+    _copy(fixture, "model", tmp_path)
+    shard = tmp_path / "model-00003-of-00008.safetensors"
+    if damage == "missing":
+        shard.unlink()
+    elif damage == "extra":
+        (tmp_path / "pytorch_model.bin").write_bytes(b"skipped by the patterns")
+    elif damage == "short":
+        with open(shard, "r+b") as f:
+            f.truncate(shard.stat().st_size - 1)
+    elif damage == "flipped":
+        with open(shard, "r+b") as f:  # the last MiB is always compared
+            f.seek(shard.stat().st_size - 10)
+            f.write(b"X")
+    else:
+        (tmp_path / ".model-00003-of-00008.safetensors.part").write_bytes(b"half")
+    assert verify.check(tmp_path, fixture, "model") != []
+
+
+def test_measure_counts_the_peak_memory_and_cpu_of_a_whole_process_tree(tmp_path: Path) -> None:
+    # A parent that starts two children, each holding 150 MiB for a moment while burning CPU.
+    child = (
+        "import time; b = bytearray(150 << 20); t = time.process_time()\n"
+        "while time.process_time() - t < 0.5: pass\n"
+        "time.sleep(0.5)"
+    )
+    parent = (
+        "import subprocess, sys\n"
+        f"ps = [subprocess.Popen([sys.executable, '-c', {child!r}]) for _ in range(2)]\n"
+        "[p.wait() for p in ps]"
+    )
+    m = measure.run([sys.executable, "-c", parent], dict(os.environ), tmp_path / "log")
+    assert m.returncode == 0
+    assert m.peak_rss_mib >= 300  # both children at once, not the largest one alone
+    assert m.cpu_s >= 1.0  # the children's CPU, reaped by the parent, is counted
+
+
+def test_measure_kills_the_tree_once_it_has_written_enough(tmp_path: Path) -> None:
+    out = tmp_path / "out.bin"
+    writer = (
+        "import time\n"
+        f"with open({str(out)!r}, 'wb') as f:\n"
+        "    for _ in range(400):\n"
+        "        f.write(b'x' * (1 << 20)); f.flush(); time.sleep(0.005)"
+    )
+    m = measure.run(
+        [sys.executable, "-c", writer],
+        dict(os.environ),
+        tmp_path / "log",
+        kill_after_written=50 * MiB,
+    )
+    assert m.killed
+    assert 50 * MiB <= m.written_at_kill < 200 * MiB
+    assert out.stat().st_size < 400 * MiB
+
+
+def test_measure_does_not_charge_a_small_tool_with_the_harness_memory(tmp_path: Path) -> None:
+    ballast = bytearray(200 << 20)  # this process grows; a forked child's maxrss would inherit it
+    ballast[::4096] = b"x" * len(ballast[::4096])
+    m = measure.run(["/bin/sleep", "0.3"], dict(os.environ), tmp_path / "log")
+    assert m.returncode == 0
+    assert m.peak_rss_mib < 20

@@ -366,13 +366,8 @@ def big_model(bucket: Bucket, tmp_path: Path) -> tuple[bytes, Path, dict[str, st
     return body, out, env
 
 
-def test_sigkill_midway_then_rerun_resumes_and_keeps_fetched_bytes(bucket, tmp_path):
-    body, out, env = big_model(bucket, tmp_path)
-    proc = start_fetch_and_wait(env, out / ".weights.safetensors.part.journal")
-    proc.kill()
-    proc.wait()
-    assert not (out / "weights.safetensors").exists()  # never a partial file under its name
-
+def assert_rerun_resumes_to(body: bytes, out: Path, env: dict[str, str]) -> None:
+    """A rerun keeps the bytes already on disk and completes the file byte for byte."""
     rerun = subprocess.run(
         [sys.executable, "-m", "initializers.model"],
         env=env,
@@ -383,6 +378,16 @@ def test_sigkill_midway_then_rerun_resumes_and_keeps_fetched_bytes(bucket, tmp_p
     assert rerun.returncode == 0, rerun.stderr
     assert "resumed" in rerun.stderr
     assert (out / "weights.safetensors").read_bytes() == body
+
+
+def test_sigkill_midway_then_rerun_resumes_and_keeps_fetched_bytes(bucket, tmp_path):
+    body, out, env = big_model(bucket, tmp_path)
+    proc = start_fetch_and_wait(env, out / ".weights.safetensors.part.journal")
+    proc.kill()
+    proc.wait()
+    assert not (out / "weights.safetensors").exists()  # never a partial file under its name
+
+    assert_rerun_resumes_to(body, out, env)
 
 
 def test_sigterm_stops_cleanly_with_exit_143_and_the_rerun_finishes(bucket, tmp_path):
@@ -394,16 +399,7 @@ def test_sigterm_stops_cleanly_with_exit_143_and_the_rerun_finishes(bucket, tmp_
     assert proc.returncode == 143, stderr
     assert time.monotonic() - started < 10
     assert "rerun to resume" in stderr
-    rerun = subprocess.run(
-        [sys.executable, "-m", "initializers.model"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert rerun.returncode == 0, rerun.stderr
-    assert "resumed" in rerun.stderr
-    assert (out / "weights.safetensors").read_bytes() == body
+    assert_rerun_resumes_to(body, out, env)
 
 
 def test_an_aws_profile_from_the_shared_credentials_file_is_used(bucket, run_initializer, tmp_path):

@@ -39,6 +39,7 @@ from initializers.fsutil import (
     fsync_dir,
     journal_path,
     part_path,
+    start_writeback,
 )
 from initializers.journal import CommitLog, RangeJournal, holes
 from initializers.manifest import (
@@ -455,8 +456,8 @@ class Engine:
         """Fetch ``[start, end)`` into the .part, resuming within the range on retries.
 
         A file fetched whole in one range is digested as it streams, so committing it needs no
-        read-back; a large file's range is flushed to disk before the journal records it, which
-        spreads the writeback over the fetch instead of piling it up at the end.
+        read-back; a large file's writeback is started every checkpoint, so the fsync before its
+        commit finds little left to write instead of all of it at the end.
         """
         position = start
         checkpoint = start
@@ -482,13 +483,12 @@ class Engine:
                     position += len(chunk)
                     self._progress.add_bytes(len(chunk))
                     if job.resumable and position - checkpoint >= CHECKPOINT:
+                        start_writeback(job.open(), checkpoint, position - checkpoint)
                         job.journal.record(start, position)
                         checkpoint = position
 
         try:
             self.retry.call(attempt, job.remote.path)
-            if job.resumable:
-                os.fdatasync(job.open())
         except OSError as exc:
             raise _storage_error(exc, job.final) from None
         finally:
@@ -497,8 +497,7 @@ class Engine:
         if digest is not None:
             job.streamed_digest = digest.finish()
 
-    def _write(self, job: FileJob, chunk: bytes, offset: int) -> None:
-        view = memoryview(chunk)
+    def _write(self, job: FileJob, view: memoryview, offset: int) -> None:
         fd = job.open()
         try:
             while view:

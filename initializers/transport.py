@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import ssl
+import threading
 import urllib.request
 from collections.abc import Iterator, Mapping
 from urllib.parse import urlsplit
@@ -19,6 +20,7 @@ import urllib3
 from urllib3.exceptions import (
     HTTPError,
     MaxRetryError,
+    NewConnectionError,
     ProtocolError,
     ProxyError,
     SSLError,
@@ -124,34 +126,73 @@ class HttpTransport:
 
 
 class HttpRangeReader(RangeReader):
-    """Streams one ranged response, turning transport failures into typed errors."""
+    """Streams one ranged response, turning transport failures into typed errors.
+
+    The body is read straight into one reused 1 MiB buffer per thread through the standard
+    library response urllib3 wraps (``readinto``): urllib3's own ``stream()`` allocates two
+    fresh buffers per read, which measured 2-3x the CPU and 5-10x the page faults on a
+    dataset of small files here. Each chunk is therefore only valid until the next one.
+    """
+
+    _buffers = threading.local()
 
     def __init__(self, response: urllib3.BaseHTTPResponse, length: int, what: str) -> None:
         self._response = response
+        self._raw = getattr(response, "_fp", None)  # the http.client response, if urllib3 has one
         self._length = length
         self._what = what
         self.headers = response.headers
 
-    def chunks(self) -> Iterator[bytes]:
+    @classmethod
+    def _buffer(cls) -> memoryview:
+        buffer = getattr(cls._buffers, "view", None)
+        if buffer is None:
+            buffer = cls._buffers.view = memoryview(bytearray(CHUNK_SIZE))
+        return buffer
+
+    def chunks(self) -> Iterator[memoryview]:
+        if self._raw is None or not hasattr(self._raw, "readinto"):
+            yield from self._stream_chunks()
+            return
+        buffer, received = self._buffer(), 0
+        try:
+            while received < self._length:
+                count = self._raw.readinto(buffer[: min(CHUNK_SIZE, self._length - received)])
+                if not count:
+                    break
+                received += count
+                yield buffer[:count]
+        except InitializerError:
+            raise
+        except Exception as exc:
+            raise classify_exception(exc, self._what) from None
+        self._check_length(received)
+
+    def _stream_chunks(self) -> Iterator[memoryview]:
+        """urllib3's public streaming API, for a urllib3 without the standard response."""
         received = 0
         try:
             for chunk in self._response.stream(CHUNK_SIZE):
                 received += len(chunk)
                 if received > self._length:
                     raise IntegrityError(f"{self._what}: the server sent more bytes than asked")
-                yield chunk
+                yield memoryview(chunk)
         except InitializerError:
             raise
         except Exception as exc:
             raise classify_exception(exc, self._what) from None
+        self._check_length(received)
+
+    def _check_length(self, received: int) -> None:
         if received < self._length:
             raise TransientError(
                 f"{self._what}: body ended after {received} of {self._length} bytes"
             )
 
     def close(self) -> None:
-        # A response not read to the end cannot go back to the pool; drop its connection.
-        if not self._response.isclosed() and self._response.length_remaining:
+        # Only a body read to its end lets the connection go back to the pool.
+        finished = self._raw.isclosed() if self._raw is not None else self._response.isclosed()
+        if not finished:
             self._response.close()
         self._response.release_conn()
 
@@ -191,6 +232,9 @@ def classify_exception(exc: BaseException, what: str) -> Exception:
         )
     if isinstance(reason, ProxyError):
         return TransientError(f"{what}: the HTTP proxy refused or dropped the connection")
+    if isinstance(reason, NewConnectionError):  # before TimeoutError: urllib3 subclasses it
+        detail = getattr(reason.__cause__, "strerror", None) or "no connection"
+        return TransientError(f"{what}: cannot connect to the server ({detail})")
     if isinstance(reason, TimeoutError):
         return TransientError(f"{what}: the server stalled past the timeout")
     if isinstance(reason, ProtocolError | ConnectionError | OSError):

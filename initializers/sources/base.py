@@ -54,8 +54,9 @@ class RangeReader(AbstractContextManager["RangeReader"]):
     headers: Mapping[str, str]
 
     @abstractmethod
-    def chunks(self) -> Iterator[bytes]:
-        """Yield the body in chunks; raise TransientError on a retryable failure."""
+    def chunks(self) -> Iterator[memoryview]:
+        """Yield the body in chunks, each valid only until the next is asked for; raise
+        TransientError on a retryable failure."""
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import sys
 import threading
@@ -15,7 +16,13 @@ import traceback
 from pathlib import Path
 from types import FrameType
 
-from initializers.config import AssetDefaults, Settings, load_settings
+from initializers.config import (
+    DEFAULT_TERMINATION_LOG,
+    AssetDefaults,
+    Settings,
+    load_settings,
+    termination_log_for_bad_settings,
+)
 from initializers.engine import Engine, Interrupted, describe_outcome
 from initializers.errors import ExitCode, InitializerError, NotFoundError
 from initializers.logs import RedactSecrets, configure
@@ -24,18 +31,18 @@ from initializers.selection import select
 from initializers.sources import open_source
 
 log = logging.getLogger("initializers")
-DEFAULT_TERMINATION_LOG = Path("/dev/termination-log")
 
 
 def run(defaults: AssetDefaults, argv: list[str] | None = None) -> int:
     """Run one initializer; returns the process exit code."""
+    prog = f"{defaults.kind}-initializer"
     try:
         settings = load_settings(defaults, argv)
     except InitializerError as exc:
         return _fail(
             exc,
-            f"{defaults.kind}-initializer",
-            DEFAULT_TERMINATION_LOG,
+            prog,
+            termination_log_for_bad_settings(argv, os.environ),
             RedactSecrets(()),
             debug=False,
         )
@@ -46,7 +53,7 @@ def run(defaults: AssetDefaults, argv: list[str] | None = None) -> int:
             _fetch(settings, stop)
         return ExitCode.OK
     except InitializerError as exc:
-        return _fail(exc, settings.kind, settings.termination_log, redactor, settings.debug)
+        return _fail(exc, prog, settings.termination_log, redactor, settings.debug)
     except Exception as exc:  # a bug: say so plainly, keep the traceback for --debug
         if settings.debug:
             traceback.print_exc()
@@ -54,7 +61,7 @@ def run(defaults: AssetDefaults, argv: list[str] | None = None) -> int:
             f"unexpected {type(exc).__name__}: {exc} (rerun with --debug "
             "for a traceback and report it)"
         )
-        return _fail(failure, settings.kind, settings.termination_log, redactor, settings.debug)
+        return _fail(failure, prog, settings.termination_log, redactor, settings.debug)
 
 
 def _fetch(settings: Settings, stop: _StopOnSignal) -> None:
@@ -85,6 +92,11 @@ def _fetch(settings: Settings, stop: _StopOnSignal) -> None:
                 len(chosen.filtered_out),
                 shown,
                 more,
+            )
+        if not listing.files and listing.skipped:
+            raise NotFoundError(
+                f"all {len(listing.skipped)} name(s) under {source.describe()} were skipped "
+                "as unsafe (see the warnings above); nothing to fetch — rename those objects"
             )
         if not chosen.files:
             raise NotFoundError(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ from initializers.errors import UsageError
 from initializers.patterns import parse_patterns
 
 MAX_URI_LENGTH = 2048
+DEFAULT_TERMINATION_LOG = Path("/dev/termination-log")
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,7 @@ class Settings:
     progress_interval: float = 5.0
     timeout: float = 60.0
     retries: int = 8
-    termination_log: Path = Path("/dev/termination-log")
+    termination_log: Path = DEFAULT_TERMINATION_LOG
     debug: bool = False
 
     def secrets(self) -> list[str]:
@@ -227,6 +229,10 @@ class _ArgumentParser(argparse.ArgumentParser):
     """argparse that raises UsageError instead of printing usage and exiting."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        prefix = "unrecognized arguments: "
+        if message.startswith(prefix):  # name the flags, never echo values (one may be a secret)
+            flags = [a.split("=", 1)[0] for a in message[len(prefix) :].split() if a[:1] == "-"]
+            message = prefix + (" ".join(flags) or "(values without a flag)")
         raise UsageError(f"{message} (see --help)")
 
 
@@ -305,6 +311,19 @@ def _resolve(option: Option, flags: argparse.Namespace, env: Mapping[str, str]) 
         raise UsageError(f"invalid {source}={shown!r}: {exc}") from None
 
 
+def termination_log_for_bad_settings(argv: list[str] | None, env: Mapping[str, str]) -> Path:
+    """Where to report a failure of :func:`load_settings` itself: the --termination-log flag or
+    TERMINATION_LOG if given (read tolerantly, ignoring everything else), else the default."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    option = next(o for o in OPTIONS if o.dest == "termination_log")
+    parser.add_argument(option.flag, dest=option.dest, default=None)  # type: ignore[arg-type]
+    known, _ = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    try:
+        return _resolve(option, known, env) or DEFAULT_TERMINATION_LOG
+    except UsageError:
+        return DEFAULT_TERMINATION_LOG
+
+
 def load_settings(
     defaults: AssetDefaults, argv: list[str] | None, env: Mapping[str, str] | None = None
 ) -> Settings:
@@ -363,6 +382,6 @@ def load_settings(
         progress_interval=values["progress_interval"] or 5.0,
         timeout=values["timeout"] or 60.0,
         retries=values["retries"] or 8,
-        termination_log=values["termination_log"] or Path("/dev/termination-log"),
+        termination_log=values["termination_log"] or DEFAULT_TERMINATION_LOG,
         debug=bool(values["debug"]),
     )

@@ -110,7 +110,8 @@ class CommitLog:
         for line in lines:
             try:
                 entry = json.loads(line)
-                records[entry.pop("path")] = FileRecord(**entry)
+                path = entry.pop("path")  # before FileRecord(**entry): it takes no "path"
+                records[path] = FileRecord(**entry)
             except (ValueError, TypeError, KeyError, AttributeError):
                 continue
         return records

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from typing import Any, Self
+from urllib.parse import urlsplit
 
 import httpx2
 from huggingface_hub import HfApi, get_session, hf_hub_url
@@ -84,6 +85,9 @@ class HfSource(Source):
         self.settings = settings
         self.retry = retry or RetryPolicy(attempts=settings.retries)
         self.endpoint = (settings.hf_endpoint or DEFAULT_ENDPOINT).rstrip("/")
+        parts = urlsplit(self.endpoint)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise UsageError(f"HF_ENDPOINT {self.endpoint!r} is not an http(s):// URL")
         self._api = HfApi(
             endpoint=self.endpoint,
             token=settings.token or False,

@@ -19,8 +19,8 @@ Everything else in the environment is exactly the container's env after the cont
 
 from __future__ import annotations
 
-import os
 import subprocess
+import sys
 import sysconfig
 import threading
 from dataclasses import dataclass, field
@@ -112,15 +112,31 @@ class Finished:
     termination_message: str
 
 
+# A child's peak RSS counts the memory of the process it was forked from until it execs, so
+# a big pytest process would inflate it: a small wrapper forks the container process and
+# reports that child's own peak.
+_MEASURED = """
+import os, sys
+pid = os.fork()
+if pid == 0:
+    os.execvpe(sys.argv[2], sys.argv[2:], os.environ)
+_, status, usage = os.wait4(pid, 0)
+with open(sys.argv[1], "w") as out:
+    out.write(str(usage.ru_maxrss * 1024))
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
 class Running:
     """A started container process; :meth:`wait` returns its exit code, output and peak RSS."""
 
     def __init__(self, argv: list[str], env: dict[str, str], pod: Pod, timeout: float):
         self.pod = pod
         self.log = pod.root / "output.log"
+        self.rss_file = pod.root / "peak-rss"
         with self.log.open("wb") as sink:
             self.proc = subprocess.Popen(
-                argv,
+                [sys.executable, "-c", _MEASURED, str(self.rss_file), *argv],
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=sink,
@@ -131,14 +147,13 @@ class Running:
         self._timer.start()
 
     def wait(self) -> Finished:
-        _, status, usage = os.wait4(self.proc.pid, 0)
+        self.proc.wait()
         self._timer.cancel()
-        self.proc.returncode = os.waitstatus_to_exitcode(status)
         message = self.pod.root / "termination-log"
         return Finished(
             code=self.proc.returncode,
             output=self.log.read_text(errors="replace"),
-            max_rss_bytes=usage.ru_maxrss * 1024,
+            max_rss_bytes=int(self.rss_file.read_text()) if self.rss_file.exists() else 0,
             termination_message=message.read_text() if message.exists() else "",
         )
 

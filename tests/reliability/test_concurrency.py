@@ -1,0 +1,104 @@
+"""Two pods on one ReadWriteMany volume: the destination lock makes them take turns.
+
+The proxy parks the first initializer's object requests, so the second one is guaranteed to
+arrive while the first holds the lock, whatever the machine's speed.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+from initializers.manifest import find_problems
+from tests.reliability.conftest import FIGURES, assert_identical, dataset, fill, s3_env
+from tests.servers.faultproxy import Request
+
+MIB = 1 << 20
+WAITING = "another initializer is working on"
+
+
+def is_object_get(request: Request) -> bool:
+    return request.method == "GET" and "list-type" not in request.query
+
+
+def one_manifest(out) -> dict:
+    assert sorted(p.name for p in out.rglob(".initializer-manifest*")) == [
+        ".initializer-manifest.json"
+    ]
+    return json.loads((out / ".initializer-manifest.json").read_text())
+
+
+def test_two_initializers_started_together_end_with_one_complete_tree_fetched_once(
+    bucket, s3_endpoint, proxies, launch, tmp_path
+):
+    files = dataset(31, {"a.bin": 6 * MIB, "b/c.json": 1_000, "d.txt": 20_000})
+    fill(bucket, "d", files)
+    proxy = proxies(s3_endpoint)
+    proxy.hold(is_object_get)
+    out = tmp_path / "shared-volume"
+    env = s3_env(bucket, proxy.url, "d", out)
+    first, second = launch("dataset", env=env), launch("dataset", env=env)
+    proxy.wait_parked(1)  # one of them holds the lock and is fetching
+    waiter = None
+    deadline = time.monotonic() + 30
+    while waiter is None and time.monotonic() < deadline:
+        waiter = next((p for p in (first, second) if WAITING in p.stderr), None)
+        time.sleep(0.01)
+    assert waiter is not None, first.stderr + second.stderr
+    proxy.release()
+
+    assert first.finish() == 0, first.stderr
+    assert second.finish() == 0, second.stderr
+    assert "already complete" in waiter.stderr and "nothing to fetch" in waiter.stderr
+    assert_identical(out, files)
+    assert set(one_manifest(out)["files"]) == set(files)
+    assert find_problems(out) == []
+    # Each object crossed the network once: the waiter found the work done.
+    assert all(proxy.seen[f"GET /{bucket.name}/d/{name}"] == 1 for name in files), proxy.seen
+
+
+def test_the_waiting_initializer_finishes_the_fetch_when_the_first_is_killed(
+    bucket, s3_endpoint, proxies, launch, tmp_path
+):
+    files = dataset(32, {"a.bin": 12 * MIB, "b.json": 2_000})
+    fill(bucket, "d", files)
+    proxy = proxies(s3_endpoint)
+    proxy.hold(is_object_get)
+    out = tmp_path / "shared-volume"
+    env = s3_env(bucket, proxy.url, "d", out)
+    first = launch("dataset", env=env)
+    proxy.wait_parked(1)
+    second = launch("dataset", env=env)
+    second.wait_for(WAITING)
+    first.kill()  # the pod holding the lock dies; the kernel drops its flock
+    proxy.release()
+
+    assert second.finish() == 0, second.stderr
+    assert_identical(out, files)
+    assert set(one_manifest(out)["files"]) == set(files)
+    FIGURES["SIGKILLs survived (the lock holder)"] += 1
+
+
+def test_sigterm_while_waiting_for_the_lock_exits_143_promptly(
+    bucket, s3_endpoint, proxies, launch, tmp_path
+):
+    files = dataset(33, {"a.bin": 2 * MIB})
+    fill(bucket, "d", files)
+    proxy = proxies(s3_endpoint)
+    proxy.hold(is_object_get)
+    out = tmp_path / "shared-volume"
+    env = s3_env(bucket, proxy.url, "d", out)
+    first = launch("dataset", env=env)
+    proxy.wait_parked(1)
+    second = launch("dataset", env=env)
+    second.wait_for(WAITING)
+    stopped_at = time.monotonic()
+    second.signal(signal.SIGTERM)
+    assert second.finish(timeout=30) == 143, second.stderr
+    assert time.monotonic() - stopped_at < 5  # without waiting for the lock holder
+    assert "rerun to resume" in second.stderr
+    FIGURES["SIGTERMs survived"] += 1
+    proxy.release()
+    assert first.finish() == 0, first.stderr
+    assert_identical(out, files)

@@ -1,0 +1,195 @@
+"""A bad network, injected for real by a proxy between the initializer and the S3 / Hub servers.
+
+Each random-fault run breaks a seeded share of the requests of a multi-file, multi-range fetch
+with every kind of fault (reset mid-body, 500, 503, S3 SlowDown, short body, stall before and
+during the body, the server going away for a moment); the tree must come out byte-identical,
+with every retry bounded. A source that never recovers must end with exit 7, not a hang.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+from initializers.manifest import find_problems
+from tests.reliability.conftest import (
+    FIGURES,
+    assert_identical,
+    dataset,
+    fill,
+    retry_lines,
+    s3_env,
+)
+from tests.servers.faultproxy import Fault, Request, every_fault
+from tests.servers.hub import HubServer
+
+MIB = 1 << 20
+TOKEN = "hf_reliability_token_7c41"
+KINDS = {fault.label for fault in every_fault()}
+S3_FILES = {
+    "big/weights.safetensors": 72 * MIB,  # three 24 MiB ranges
+    "mid/shard.bin": 20 * MIB,  # one resumable range
+    **{f"small/part-{i:02d}.jsonl": 1_000 + i * 9_000 for i in range(24)},
+}
+
+
+def attempts(stderr: str) -> list[int]:
+    return [int(n) for n in re.findall(r"\(attempt (\d+)\)", stderr)]
+
+
+def is_object_get(request: Request) -> bool:
+    return request.method == "GET" and "list-type" not in request.query
+
+
+def test_random_faults_on_a_multi_file_multi_range_s3_fetch_leave_a_byte_identical_tree(
+    stable_bucket, s3_endpoint, proxies, run_initializer, tmp_path
+):
+    bucket = stable_bucket
+    files = dataset(11, S3_FILES)
+    fill(bucket, "d", files)
+    proxy = proxies(s3_endpoint, seed=2000, share=0.3, faults=every_fault(stall_seconds=30))
+    out = tmp_path / "out"
+    started = time.monotonic()
+    result = run_initializer(
+        "dataset", env=s3_env(bucket, proxy.url, "d", out, TIMEOUT="1", WORKERS="8")
+    )
+    elapsed = time.monotonic() - started
+
+    assert result.code == 0, result.output
+    assert_identical(out, files)
+    assert find_problems(out) == []
+    assert set(proxy.injected) == KINDS, proxy.injected
+    # Every injected fault was seen by the client and retried; none used up the budget.
+    assert len(retry_lines(result.stderr)) >= proxy.total_injected, result.stderr
+    assert max(attempts(result.stderr)) < 8
+    assert elapsed < 90, f"{elapsed:.0f}s"
+    FIGURES["retries logged by the S3 random-fault run"] += len(retry_lines(result.stderr))
+
+
+def test_random_faults_on_the_hub_api_and_cdn_leave_a_byte_identical_tree(
+    hub: HubServer, proxies, run_initializer, tmp_path
+):
+    files = dataset(
+        12,
+        {
+            "data/train-00000.parquet": 60 * MIB,  # LFS via the CDN, two ranges
+            "data/train-00001.parquet": 12 * MIB,
+            **{f"meta/part-{i:02d}.jsonl": 500 + i * 7_000 for i in range(16)},  # via resolve
+        },
+    )
+    hub.tokens.add(TOKEN)
+    hub.add_repo("org/data", files, repo_type="dataset", private=True)
+    faults = every_fault(stall_seconds=30)
+    # The CDN sees few requests: it takes the kinds in the opposite order, so that between
+    # them the two proxies inject every kind.
+    cdn = proxies(hub.cdn_endpoint, seed=5, share=0.4, faults=faults[::-1])
+    api = proxies(
+        hub.endpoint,
+        seed=6,
+        share=0.3,
+        faults=faults,
+        rewrite_location={hub.cdn_endpoint: cdn.url},
+    )
+    out = tmp_path / "out"
+    env = {
+        "STORAGE_URI": "hf://datasets/org/data",
+        "HF_ENDPOINT": api.url,
+        "ACCESS_TOKEN": TOKEN,
+        "OUTPUT_PATH": str(out),
+        "TIMEOUT": "1",
+    }
+    started = time.monotonic()
+    result = run_initializer("dataset", env=env)
+    elapsed = time.monotonic() - started
+
+    assert result.code == 0, result.output
+    assert_identical(out, files)
+    assert find_problems(out) == []
+    assert cdn.total_injected and api.total_injected
+    assert set(cdn.injected) | set(api.injected) == KINDS
+    assert hub.find_requests(server="cdn", method="GET"), "LFS bytes must come from the CDN"
+    assert elapsed < 90, f"{elapsed:.0f}s"
+
+
+def test_a_server_that_goes_away_for_two_seconds_mid_fetch_and_comes_back(
+    bucket, s3_endpoint, proxies, run_initializer, tmp_path
+):
+    files = dataset(13, {"a.bin": 3 * MIB, "b.bin": 2 * MIB, "c.bin": MIB})
+    fill(bucket, "d", files)
+    proxy = proxies(s3_endpoint)
+    proxy.force(Fault.outage(2.0), match=is_object_get)
+    out = tmp_path / "out"
+    started = time.monotonic()
+    result = run_initializer("dataset", env=s3_env(bucket, proxy.url, "d", out, TIMEOUT="1"))
+    elapsed = time.monotonic() - started
+
+    assert result.code == 0, result.output
+    assert_identical(out, files)
+    assert proxy.injected == {"outage": 1}
+    assert "cannot connect to the server (Connection refused)" in result.stderr, result.stderr
+    assert elapsed >= 2.0  # it really waited the outage out
+
+
+def test_an_endpoint_answering_every_request_with_503_exits_7_after_exactly_the_retry_budget(
+    bucket, s3_endpoint, proxies, run_initializer, tmp_path
+):
+    fill(bucket, "d", {"a.txt": b"a"})
+    proxy = proxies(s3_endpoint, share=1.0, faults=[Fault.error(503)], max_in_a_row=10**9)
+    started = time.monotonic()
+    result = run_initializer(
+        "dataset", env=s3_env(bucket, proxy.url, "d", tmp_path / "out", RETRIES="3")
+    )
+    assert result.code == 7, result.output
+    assert "still failing after 3 attempts" in result.stderr
+    assert proxy.requests == 3  # no hidden retries underneath ours
+    assert time.monotonic() - started < 30
+    assert "Traceback" not in result.output
+
+
+def test_s3_slowdown_on_every_object_exits_7_with_the_throttling_named(
+    bucket, s3_endpoint, proxies, run_initializer, tmp_path
+):
+    fill(bucket, "d", {"a.txt": b"a"})
+    proxy = proxies(
+        s3_endpoint, share=1.0, faults=[Fault.slowdown()], match=is_object_get, max_in_a_row=10**9
+    )
+    result = run_initializer(
+        "dataset", env=s3_env(bucket, proxy.url, "d", tmp_path / "out", RETRIES="2")
+    )
+    assert result.code == 7, result.output
+    assert "a.txt: HTTP 503" in result.stderr
+    assert proxy.injected == {"slowdown": 2}
+
+
+def test_an_object_that_always_stalls_exits_7_instead_of_hanging(
+    bucket, s3_endpoint, proxies, launch, tmp_path
+):
+    fill(bucket, "d", {"a.bin": b"x" * 100_000})
+    proxy = proxies(
+        s3_endpoint, share=1.0, faults=[Fault.stall(600)], match=is_object_get, max_in_a_row=10**9
+    )
+    live = launch(
+        "dataset", env=s3_env(bucket, proxy.url, "d", tmp_path / "out", TIMEOUT="1", RETRIES="2")
+    )
+    code = live.finish(timeout=60)
+    assert code == 7, live.stderr
+    assert "stalled past the timeout" in live.stderr
+    assert proxy.injected == {"stall": 2}
+    assert live.seconds < 30
+
+
+def test_a_hub_api_that_stalls_exits_7_instead_of_hanging(hub, proxies, launch, tmp_path):
+    hub.add_repo("org/m", {"config.json": b"{}"})
+    proxy = proxies(hub.endpoint, share=1.0, faults=[Fault.stall(600)], max_in_a_row=10**9)
+    env = {
+        "STORAGE_URI": "hf://org/m",
+        "HF_ENDPOINT": proxy.url,
+        "OUTPUT_PATH": str(tmp_path / "out"),
+        "TIMEOUT": "1",
+        "RETRIES": "2",
+    }
+    live = launch("model", env=env)
+    code = live.finish(timeout=60)
+    assert code == 7, live.stderr
+    assert "still failing after 2 attempts" in live.stderr
+    assert live.seconds < 30

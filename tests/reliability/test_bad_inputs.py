@@ -1,6 +1,6 @@
 """A table of bad inputs, each run through the real CLI: the documented exit code, one clear line.
 
-The same table is rendered in docs/reliability.md; a test keeps the two identical.
+The same table is shown in README.md; a test keeps the two identical.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from tests.conftest import ACCESS_KEY, SECRET_KEY, Bucket
 from tests.reliability.conftest import FIGURES
 
 REPO = Path(__file__).resolve().parents[2]
-DOC = REPO / "docs" / "reliability.md"
+DOC = REPO / "README.md"
 KNOWN_TOKEN = "hf_known_token_0b3e"
 S3 = {"ENDPOINT": "{s3}", "ACCESS_KEY_ID": ACCESS_KEY, "SECRET_ACCESS_KEY": SECRET_KEY}
 HUB = {"HF_ENDPOINT": "{hub}"}
@@ -375,7 +375,7 @@ BAD_INPUTS: list[Bad] = [
 
 
 def markdown_table() -> str:
-    """The table as docs/reliability.md shows it."""
+    """The table as the README shows it."""
     lines = ["| # | bad input | exit | message contains |", "|---|---|---|---|"]
     for number, bad in enumerate(BAD_INPUTS, 1):
         shown = bad.message.replace("|", "\\|")
@@ -518,8 +518,8 @@ def test_every_bad_input_exits_with_its_documented_code_and_one_clear_line(
     FIGURES["bad inputs tried"] += len(BAD_INPUTS)
 
 
-def test_the_bad_input_table_in_the_docs_is_the_one_the_tests_run():
+def test_the_bad_input_table_in_the_readme_is_the_one_the_tests_run():
     assert markdown_table() in DOC.read_text(), (
-        "docs/reliability.md is out of date: paste tests.reliability.test_bad_inputs"
+        "README.md is out of date: paste tests.reliability.test_bad_inputs"
         ".markdown_table() into it"
     )

@@ -520,6 +520,5 @@ def test_every_bad_input_exits_with_its_documented_code_and_one_clear_line(
 
 def test_the_bad_input_table_in_the_readme_is_the_one_the_tests_run():
     assert markdown_table() in DOC.read_text(), (
-        "README.md is out of date: paste tests.reliability.test_bad_inputs"
-        ".markdown_table() into it"
+        "README.md is out of date: paste tests.reliability.test_bad_inputs.markdown_table() into it"
     )

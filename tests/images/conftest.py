@@ -31,9 +31,9 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from tests.conftest import ACCESS_KEY, SECRET_KEY
+from tests.podman import podman, podman_env
 
 ROOT = Path(__file__).resolve().parents[2]
-CONTAINERS_CONF = ROOT / "images" / "podman" / "containers.conf"
 IMAGE_UID = 65532  # the images' fixed non-root user (images/initializer/Dockerfile)
 BUILD_TIMEOUT = 900  # a cold build (debootstrap + pip) takes ~2.5 min; a warm one seconds
 _names = itertools.count()
@@ -48,27 +48,6 @@ class Run:
     @property
     def output(self) -> str:
         return self.stdout + self.stderr
-
-
-def podman_env() -> dict[str, str]:
-    return {**os.environ, "CONTAINERS_CONF": str(CONTAINERS_CONF)}
-
-
-def podman(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
-    """Run a podman command with the project's containers.conf; fail the test on error."""
-    proc = subprocess.run(
-        ["podman", *args],
-        env=podman_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
-    if check and proc.returncode != 0:
-        pytest.fail(
-            f"podman {' '.join(args[:3])} failed ({proc.returncode}): {proc.stderr[-2000:]}"
-        )
-    return proc
 
 
 def container_args(

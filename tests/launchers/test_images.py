@@ -20,29 +20,13 @@ from pathlib import Path
 import pytest
 
 from tests.launchers.conftest import SCRIPTS, free_port, write_complete_asset
+from tests.podman import podman
 
 ROOT = Path(__file__).resolve().parents[2]
-CONTAINERS_CONF = ROOT / "images" / "podman" / "containers.conf"
 BUILD_TIMEOUT = 1500  # cold: base ~40 s, torch ~70 s, mpi ~35 s; warm: seconds
 MPI_NODES = ("127.0.0.12", "127.0.0.13")  # apart from the host sshd fixture's addresses
 
 pytestmark = pytest.mark.images
-
-
-def podman(*args: str, timeout: float = 180, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(
-        ["podman", *args],
-        env={**os.environ, "CONTAINERS_CONF": str(CONTAINERS_CONF)},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
-    if check and proc.returncode != 0:
-        pytest.fail(
-            f"podman {' '.join(args[:3])} failed ({proc.returncode}): {proc.stderr[-2000:]}"
-        )
-    return proc
 
 
 def build(script: str) -> str:

@@ -19,22 +19,18 @@ from pathlib import Path
 import boto3
 import pytest
 
+from tests.podman import podman
 from tests.runtimes import controller, manifests, render
 
 pytestmark = pytest.mark.images
 
-CONTAINERS_CONF = manifests.REPO_ROOT / "images" / "podman" / "containers.conf"
 LOCAL_PREFIX = "localhost/kf-initializers/"
 OUR_PREFIX = "ghcr.io/kubeflow-initializers/"
 TRAINER_UID = 1000  # the trainer images' user, in the runtimes' fsGroup
 
 
 def _podman(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    env = {**os.environ, "CONTAINERS_CONF": str(CONTAINERS_CONF)}
-    return subprocess.run(
-        ["podman", *args], env=env, capture_output=True, text=True, timeout=timeout,
-        stdin=subprocess.DEVNULL, check=False,
-    )  # fmt: skip
+    return podman(*args, timeout=timeout, check=False)
 
 
 @pytest.fixture(scope="module")

@@ -45,6 +45,7 @@ from initializers.journal import CommitLog, RangeJournal, holes
 from initializers.manifest import (
     FileRecord,
     Manifest,
+    manifest_path,
     read_manifest,
     record_is_intact,
     remove_manifest,
@@ -341,9 +342,8 @@ class Engine:
             len(files),
             outcome.bytes_total,
             sum(r.size for r in kept.values()) + outcome.bytes_resumed,
+            files_present=len(kept),
         )
-        for _ in kept:
-            self._progress.file_done()
         if jobs:
             log.info(
                 "%s: fetching %d of %d files (%s)%s",
@@ -367,7 +367,7 @@ class Engine:
         try:
             write_manifest(self.dest, manifest)
         except OSError as exc:
-            raise _storage_error(exc, self.dest / ".initializer-manifest.json") from None
+            raise _storage_error(exc, manifest_path(self.dest)) from None
         self._commits.remove()
         return outcome
 

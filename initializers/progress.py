@@ -49,12 +49,14 @@ class Snapshot:
 class Progress:
     """Thread-safe counters for one run."""
 
-    def __init__(self, files_total: int, bytes_total: int, bytes_present: int) -> None:
+    def __init__(
+        self, files_total: int, bytes_total: int, bytes_present: int, files_present: int = 0
+    ) -> None:
         self._lock = threading.Lock()
         self._files_total = files_total
         self._bytes_total = bytes_total
         self._bytes_present = bytes_present
-        self._files_done = 0
+        self._files_done = files_present
         self._fetched = 0
         self._started = time.monotonic()
 

@@ -1,9 +1,14 @@
-"""Generate the benchmark's model and dataset on disk, once per scale, with S3-shaped ETags.
+"""Generate the benchmark's model and dataset on disk, once per scale, with S3-shaped metadata.
 
 Layout under ``.bench/fixtures/scale-<s>/``: ``s3/<bucket>/model/...`` and
 ``s3/<bucket>/dataset/...`` (the folder nginx serves) and ``index.json`` (every object's size,
-MD5 and the ETag a real ``aws s3 cp`` upload would have given it: plain MD5 below 8 MiB, the
-multipart ``"<md5 of part md5s>-N"`` shape with 8 MiB parts above).
+MD5, and what S3 keeps for an object a current AWS SDK or CLI uploaded (botocore >= 1.36 sends
+CRC32 by default), with 8 MiB parts from 8 MiB up:
+
+- the ETag: plain MD5 for a single-part object, ``"<md5 of part md5s>-N"`` for a multipart one;
+- the CRC32 additional checksum: ``FULL_OBJECT`` (base64 of the big-endian CRC32 of the whole
+  object) for a single-part object, ``COMPOSITE`` (base64 of the CRC32 of the parts' CRC32
+  digests, then ``-N``) for a multipart one.
 
 The model holds what a Hugging Face repo holds: safetensors shards and configs that the model
 initializer's default patterns fetch, plus files those defaults skip (``.bin``, ``.h5``,
@@ -12,9 +17,11 @@ initializer's default patterns fetch, plus files those defaults skip (``.bin``, 
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
+import zlib
 from dataclasses import asdict, dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -24,7 +31,7 @@ import numpy as np
 MiB = 1 << 20
 KiB = 1 << 10
 BUCKET = "bench"
-FORMAT = 3
+FORMAT = 4  # 4: CRC32 checksums
 MULTIPART_THRESHOLD = 8 * MiB  # aws s3 cp / s3transfer defaults
 MULTIPART_CHUNK = 8 * MiB
 FIXED_MTIME = 1_735_689_600  # 2025-01-01T00:00:00Z: stable Last-Modified across regenerations
@@ -46,6 +53,8 @@ class ObjectInfo:
     size: int
     md5: str
     etag: str  # with the quotes, as S3 sends it
+    checksum_crc32: str  # x-amz-checksum-crc32: base64, with "-N" when COMPOSITE
+    checksum_type: str  # x-amz-checksum-type: "FULL_OBJECT" or "COMPOSITE"
 
 
 @dataclass
@@ -128,27 +137,42 @@ def _dataset_files(scale: float) -> list[tuple[str, int]]:
     return files
 
 
-def _write_object(path: Path, size: int, seed: int) -> tuple[str, str]:
-    """Write ``size`` seeded random bytes; return (md5 hex, S3 ETag with quotes)."""
+def _b64_crc32(crc: int) -> str:
+    return base64.b64encode(crc.to_bytes(4, "big")).decode()
+
+
+def _write_object(path: Path, size: int, seed: int) -> tuple[str, str, str, str]:
+    """Write ``size`` seeded random bytes; return (md5 hex, ETag with quotes, CRC32, its type).
+
+    The file is written beside its final name and renamed over it, so a server reading the old
+    file (identical bytes, as the seeds are fixed) never sees it truncated.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     whole = hashlib.md5()
-    parts: list[bytes] = []
-    with open(path, "wb") as f:
+    whole_crc = 0
+    part_md5s: list[bytes] = []
+    part_crcs: list[bytes] = []
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
         remaining = size
         while remaining:
             n = min(MULTIPART_CHUNK, remaining)
             block = rng.bytes(n)
             f.write(block)
             whole.update(block)
-            parts.append(hashlib.md5(block).digest())
+            whole_crc = zlib.crc32(block, whole_crc)
+            part_md5s.append(hashlib.md5(block).digest())
+            part_crcs.append(zlib.crc32(block).to_bytes(4, "big"))
             remaining -= n
-    os.utime(path, (FIXED_MTIME, FIXED_MTIME))
+    os.utime(tmp, (FIXED_MTIME, FIXED_MTIME))
+    os.replace(tmp, path)
     if size >= MULTIPART_THRESHOLD:
-        etag = f'"{hashlib.md5(b"".join(parts)).hexdigest()}-{len(parts)}"'
-    else:
-        etag = f'"{whole.hexdigest()}"'
-    return whole.hexdigest(), etag
+        n = len(part_md5s)
+        etag = f'"{hashlib.md5(b"".join(part_md5s)).hexdigest()}-{n}"'
+        crc32 = f"{_b64_crc32(zlib.crc32(b''.join(part_crcs)))}-{n}"
+        return whole.hexdigest(), etag, crc32, "COMPOSITE"
+    return whole.hexdigest(), f'"{whole.hexdigest()}"', _b64_crc32(whole_crc), "FULL_OBJECT"
 
 
 def fixture_dir(bench_dir: Path, scale: float) -> Path:
@@ -171,11 +195,12 @@ def load_or_generate(bench_dir: Path, scale: float, log=print) -> Fixture:
         for rel, size in files:
             seed += 1
             key = f"{asset}/{rel}"
-            md5, etag = _write_object(root / "s3" / BUCKET / key, size, seed)
-            objects[key] = ObjectInfo(key, size, md5, etag)
+            written = _write_object(root / "s3" / BUCKET / key, size, seed)
+            objects[key] = ObjectInfo(key, size, *written)
     fixture = Fixture(root, scale, objects)
     _check_model_rules(fixture)
-    index.write_text(
+    tmp = index.with_name(".index.json.tmp")
+    tmp.write_text(
         json.dumps(
             {
                 "format": FORMAT,
@@ -184,6 +209,7 @@ def load_or_generate(bench_dir: Path, scale: float, log=print) -> Fixture:
             }
         )
     )
+    os.replace(tmp, index)
     return fixture
 
 

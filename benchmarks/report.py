@@ -178,10 +178,13 @@ METHOD = """\
 ## How it is measured
 
 - **Endpoints** (all on 127.0.0.1, one nginx {nginx}): an S3 endpoint whose object GETs/HEADs are
-  plain nginx static files (sendfile, Range, keep-alive; ETags are S3's: MD5, or the multipart
-  `"<md5 of part md5s>-N"` shape above 8 MiB) with listings answered by a small Python layer
-  (`benchmarks/s3api.py`); a Hub endpoint: the project's test Hub (`tests/servers/hub.py`) behind
-  nginx for the API and `resolve`, with LFS files redirected to nginx on another port (the CDN).
+  plain nginx static files (sendfile, Range, keep-alive) with listings answered by a small Python
+  layer (`benchmarks/s3api.py`). Objects carry what a current AWS SDK or CLI upload leaves on S3:
+  ETags (MD5, or the multipart `"<md5 of part md5s>-N"` shape above 8 MiB) and a CRC32 additional
+  checksum — full-object below 8 MiB, composite (`...-N`, which no whole-file digest reproduces)
+  above — returned on whole-object GETs that ask for it (`x-amz-checksum-mode: ENABLED`).
+  A Hub endpoint: the project's test Hub (`tests/servers/hub.py`) behind nginx for the API and
+  `resolve`, with LFS files redirected to nginx on another port (the CDN).
 - **Fixtures**: a model of 8 safetensors shards of about 256 MiB, configs and tokenizer files, plus
   files the model defaults skip (`.bin`, `.h5`, `.msgpack`, `.pth`, README, .gitattributes) in the
   same prefix; a dataset of {ds_files:,} files of 64 KiB to 1 MiB in nested folders.

@@ -3,6 +3,9 @@
 nginx serves every plain object GET/HEAD straight from disk; it hands this server only what it
 cannot answer itself: requests with a query string (ListObjectsV2/V1, GetBucketLocation,
 ``?partNumber=``), requests on the bucket itself (HeadBucket, ListObjects), and other methods.
+Listings report each object's CRC32 checksum algorithm and type; an object GET/HEAD sent here
+carries the checksum headers when asked (``x-amz-checksum-mode: ENABLED``, no ``Range``), as
+nginx does for the plain ones.
 Run as its own process: ``python -m benchmarks.s3api --index INDEX --data DIR --port N``.
 """
 
@@ -166,8 +169,10 @@ class Handler(BaseHTTPRequestHandler):
             obj = self.index.objects[key]
             out.append(
                 f"<Contents><Key>{enc(key)}</Key><LastModified>{ISO_MTIME}</LastModified>"
-                f"<ETag>{escape(obj['etag'], {chr(34): '&quot;'})}</ETag><Size>{obj['size']}</Size>"
-                "<StorageClass>STANDARD</StorageClass></Contents>"
+                f"<ETag>{escape(obj['etag'], {chr(34): '&quot;'})}</ETag>"
+                "<ChecksumAlgorithm>CRC32</ChecksumAlgorithm>"
+                f"<ChecksumType>{obj['checksum_type']}</ChecksumType>"
+                f"<Size>{obj['size']}</Size><StorageClass>STANDARD</StorageClass></Contents>"
             )
         for p in prefixes:
             out.append(f"<CommonPrefixes><Prefix>{enc(p)}</Prefix></CommonPrefixes>")
@@ -188,6 +193,10 @@ class Handler(BaseHTTPRequestHandler):
             "Last-Modified": HTTP_MTIME,
             "Accept-Ranges": "bytes",
         }
+        mode = self.headers.get("x-amz-checksum-mode", "")
+        if mode.lower() == "enabled" and "Range" not in self.headers:
+            headers["x-amz-checksum-crc32"] = obj["checksum_crc32"]
+            headers["x-amz-checksum-type"] = obj["checksum_type"]
         if "partNumber" in query:
             part = int(query["partNumber"])
             parts = max(1, -(-size // MULTIPART_CHUNK)) if size >= MULTIPART_THRESHOLD else 1

@@ -2,10 +2,12 @@
 
 nginx routes by request shape: a plain ``GET``/``HEAD /bucket/key`` (presigned or not) is a
 static file with Range, keep-alive and sendfile, and an ETag from a generated map (S3's MD5 or
-multipart shape, so ``If-Match`` from s3transfer agrees); requests on the bucket itself, object
-requests with a sub-resource query (``?partNumber=``, ``?versionId=``, ...) and other methods
-go to :mod:`benchmarks.s3api`. Path-style addressing only, no
-signature checks.
+multipart shape, so ``If-Match`` from s3transfer agrees). As S3 does, a whole-object GET/HEAD
+that asks for checksums (``x-amz-checksum-mode: ENABLED``, no ``Range``) also gets the object's
+``x-amz-checksum-crc32`` and ``x-amz-checksum-type`` (FULL_OBJECT or COMPOSITE), from generated
+maps too; other requests get neither. Requests on the bucket itself, object requests with a
+sub-resource query (``?partNumber=``, ``?versionId=``, ...) and other methods go to
+:mod:`benchmarks.s3api`. Path-style addressing only, no signature checks.
 """
 
 from __future__ import annotations
@@ -36,11 +38,29 @@ def etag_map(fixture: Fixture) -> str:
     return "\n".join(lines) + "\n"
 
 
+def checksum_maps(fixture: Fixture) -> str:
+    """nginx ``map $uri $s3_crc32`` and ``map $uri $s3_checksum_type`` for every object."""
+    lines = []
+    for var, field in (("$s3_crc32", "checksum_crc32"), ("$s3_checksum_type", "checksum_type")):
+        lines += [f"map $uri {var} {{", '    default "";']
+        for key, obj in sorted(fixture.objects.items()):
+            lines.append(f"    \"/{BUCKET}/{key}\" '{getattr(obj, field)}';")
+        lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
 def s3_http_body(fixture: Fixture, run_dir: Path, port: int, api_port: int) -> str:
     """The S3 endpoint's part of nginx's ``http {}``: maps, the API upstream, the server."""
     (run_dir / "etags.map").write_text(etag_map(fixture))
+    (run_dir / "checksums.map").write_text(checksum_maps(fixture))
     return f"""
     include {run_dir}/etags.map;
+    include {run_dir}/checksums.map;
+    # S3 sends an object's checksum only when asked (x-amz-checksum-mode: ENABLED) and only for
+    # the whole object (no Range); add_header skips the empty values of every other request.
+    map "$http_x_amz_checksum_mode:$http_range" $s3_checksum_on {{ "~*^enabled:$" 1; default 0; }}
+    map $s3_checksum_on $s3_crc32_out {{ 1 $s3_crc32; default ""; }}
+    map $s3_checksum_on $s3_checksum_type_out {{ 1 $s3_checksum_type; default ""; }}
     # Query strings that make a request on an object something other than a plain GET/HEAD of
     # its bytes; presigned (X-Amz-*) and x-id=GetObject queries are plain GETs.
     map $args $s3_has_args {{ "~(^|&)({SUBRESOURCES})(=|&|$)" 1; default 0; }}
@@ -62,6 +82,8 @@ def s3_http_body(fixture: Fixture, run_dir: Path, port: int, api_port: int) -> s
             if ($s3_if_match_ok) {{ more_clear_input_headers If-Match; }}
             etag off;
             add_header ETag $s3_etag;
+            add_header x-amz-checksum-crc32 $s3_crc32_out;
+            add_header x-amz-checksum-type $s3_checksum_type_out;
             add_header x-amz-request-id bench;
         }}
         location @s3api {{

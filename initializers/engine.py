@@ -23,6 +23,7 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -166,7 +167,7 @@ class FileJob:
         )
         self.resumable = remote.size > CHECKPOINT
         self.fd: int | None = None
-        self.headers: dict[str, str] | None = None
+        self.headers: Mapping[str, str] | None = None
         self.ranges: list[tuple[int, int]] = []
         self.present = 0  # bytes kept from an interrupted run
         self.refetched = False  # set after one checksum mismatch; a second one is final
@@ -226,9 +227,10 @@ class FileJob:
             self._expected, self._expected_known = expected, True
         return self._expected
 
-    def note_headers(self, headers: object) -> None:
+    def note_headers(self, headers: Mapping[str, str]) -> None:
+        """Keep the first response's headers (case-insensitive, as the transport gives them)."""
         if self.headers is None:
-            self.headers = {k.lower(): v for k, v in dict(headers).items()}  # type: ignore[call-overload]
+            self.headers = headers
 
     def discard(self) -> None:
         """Forget the bytes on disk (after a checksum mismatch)."""

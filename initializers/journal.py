@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-from dataclasses import asdict
 from pathlib import Path
 
 from initializers.manifest import FileRecord
@@ -117,7 +116,7 @@ class CommitLog:
         return records
 
     def append(self, path: str, record: FileRecord) -> None:
-        line = (json.dumps({"path": path, **asdict(record)}) + "\n").encode()
+        line = (json.dumps({"path": path, **record.to_dict()}) + "\n").encode()
         with self._lock:
             if self._fd is None:
                 flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from initializers.fsutil import atomic_write_bytes
@@ -28,6 +28,15 @@ class FileRecord:
     version: str | None  # the source's version token (ETag, blob id) used to detect changes
     mtime_ns: int
 
+    def to_dict(self) -> dict[str, object]:
+        """The JSON form (dataclasses.asdict deep-copies; this runs once per file per write)."""
+        return {
+            "size": self.size,
+            "checksum": self.checksum,
+            "version": self.version,
+            "mtime_ns": self.mtime_ns,
+        }
+
 
 @dataclass
 class Manifest:
@@ -43,7 +52,7 @@ class Manifest:
             "format": self.format,
             "source": self.source,
             "revision": self.revision,
-            "files": {path: asdict(rec) for path, rec in sorted(self.files.items())},
+            "files": {path: rec.to_dict() for path, rec in sorted(self.files.items())},
         }
         return (json.dumps(body, indent=1) + "\n").encode()
 

@@ -5,16 +5,19 @@ Run with ``.bench/venv/bin/python -m pytest benchmarks/tests -q`` (after ``bench
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import subprocess
 import sys
 import urllib.request
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import boto3
 import pytest
+from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from benchmarks import measure, verify
@@ -23,6 +26,8 @@ from benchmarks.fixtures import BUCKET, Fixture, load_or_generate
 
 MiB = 1 << 20
 SCALE = 0.04  # shards of ~10 MiB (above the 8 MiB multipart threshold), 80 dataset files
+SMALL = "model/config.json"  # single part: FULL_OBJECT CRC32
+BIG = "model/model-00002-of-00008.safetensors"  # two 8 MiB parts: COMPOSITE CRC32 "...-2"
 
 
 @pytest.fixture(scope="module")
@@ -68,15 +73,133 @@ def test_listing_with_a_delimiter_groups_folders(s3) -> None:  # type: ignore[no
 
 
 def test_etags_have_s3_shapes_md5_or_multipart(fixture: Fixture, s3) -> None:  # type: ignore[no-untyped-def]
-    small = s3.head_object(Bucket=BUCKET, Key="model/config.json")
-    data = fixture.source_path("model/config.json").read_bytes()
+    small = s3.head_object(Bucket=BUCKET, Key=SMALL)
+    data = fixture.source_path(SMALL).read_bytes()
     assert small["ETag"] == f'"{hashlib.md5(data).hexdigest()}"'
-    big = fixture.objects["model/model-00002-of-00008.safetensors"]  # uploaded in 8 MiB parts
+    big = fixture.objects[BIG]  # uploaded in 8 MiB parts
     assert big.size > 8 * MiB
     raw = fixture.source_path(big.key).read_bytes()
     parts = [hashlib.md5(raw[i : i + 8 * MiB]).digest() for i in range(0, len(raw), 8 * MiB)]
     expected = f'"{hashlib.md5(b"".join(parts)).hexdigest()}-{len(parts)}"'
     assert s3.head_object(Bucket=BUCKET, Key=big.key)["ETag"] == expected
+
+
+def _crc32_b64(data: bytes) -> str:
+    return base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
+
+
+def _composite_crc32(data: bytes, part: int = 8 * MiB) -> str:
+    """What S3 reports for a CRC32 multipart upload: CRC32 of the parts' CRC32 digests, "-N"."""
+    digests = [zlib.crc32(data[i : i + part]).to_bytes(4, "big") for i in range(0, len(data), part)]
+    return f"{_crc32_b64(b''.join(digests))}-{len(digests)}"
+
+
+def test_fixture_checksums_are_what_an_sdk_upload_leaves(fixture: Fixture) -> None:
+    small = fixture.objects[SMALL]
+    data = fixture.source_path(SMALL).read_bytes()
+    assert (small.checksum_crc32, small.checksum_type) == (_crc32_b64(data), "FULL_OBJECT")
+    big = fixture.objects[BIG]
+    assert big.size > 8 * MiB
+    data = fixture.source_path(BIG).read_bytes()
+    assert (big.checksum_crc32, big.checksum_type) == (_composite_crc32(data), "COMPOSITE")
+    assert big.checksum_crc32.endswith("-2")
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_listings_report_the_crc32_algorithm_and_type(s3, version: int) -> None:  # type: ignore[no-untyped-def]
+    listing = s3.list_objects_v2 if version == 2 else s3.list_objects
+    contents = {o["Key"]: o for o in listing(Bucket=BUCKET, Prefix="model/")["Contents"]}
+    assert contents[SMALL]["ChecksumAlgorithm"] == ["CRC32"]
+    assert contents[SMALL]["ChecksumType"] == "FULL_OBJECT"
+    assert contents[BIG]["ChecksumAlgorithm"] == ["CRC32"]
+    assert contents[BIG]["ChecksumType"] == "COMPOSITE"
+    assert all(o["ChecksumAlgorithm"] == ["CRC32"] for o in contents.values())
+
+
+def test_whole_get_of_a_small_object_carries_a_crc32_that_botocore_validates(
+    fixture: Fixture, s3
+) -> None:  # type: ignore[no-untyped-def]
+    data = fixture.source_path(SMALL).read_bytes()
+    got = s3.get_object(Bucket=BUCKET, Key=SMALL, ChecksumMode="ENABLED")
+    assert got["ChecksumCRC32"] == _crc32_b64(data)
+    assert got["ChecksumType"] == "FULL_OBJECT"
+    # botocore wrapped the body to check the CRC32 as it is read; reading it all passes the check.
+    assert type(got["Body"]).__name__ == "StreamingChecksumBody"
+    assert got["Body"].read() == data
+    head = s3.head_object(Bucket=BUCKET, Key=SMALL, ChecksumMode="ENABLED")
+    assert (head["ChecksumCRC32"], head["ChecksumType"]) == (_crc32_b64(data), "FULL_OBJECT")
+
+
+def test_whole_get_of_a_multipart_object_carries_the_composite_crc32(fixture: Fixture, s3) -> None:  # type: ignore[no-untyped-def]
+    data = fixture.source_path(BIG).read_bytes()
+    got = s3.get_object(Bucket=BUCKET, Key=BIG, ChecksumMode="ENABLED")
+    parts = -(-len(data) // (8 * MiB))
+    assert got["ChecksumCRC32"].endswith(f"-{parts}")
+    assert got["ChecksumCRC32"] == _composite_crc32(data)
+    assert got["ChecksumType"] == "COMPOSITE"
+    assert got["Body"].read() == data  # botocore cannot check a "-N" value and does not try
+    head = s3.head_object(Bucket=BUCKET, Key=BIG, ChecksumMode="ENABLED")
+    assert (head["ChecksumCRC32"], head["ChecksumType"]) == (_composite_crc32(data), "COMPOSITE")
+
+
+@pytest.mark.parametrize("key", [SMALL, BIG])
+def test_ranged_gets_carry_no_checksum(fixture: Fixture, s3, key: str) -> None:  # type: ignore[no-untyped-def]
+    got = s3.get_object(Bucket=BUCKET, Key=key, Range="bytes=0-9", ChecksumMode="ENABLED")
+    assert got["Body"].read() == fixture.source_path(key).read_bytes()[:10]
+    assert "ChecksumCRC32" not in got and "ChecksumType" not in got
+    headers = got["ResponseMetadata"]["HTTPHeaders"]
+    assert "x-amz-checksum-crc32" not in headers and "x-amz-checksum-type" not in headers
+
+
+def test_gets_without_checksum_mode_carry_no_checksum(
+    fixture: Fixture, endpoints: Endpoints
+) -> None:
+    # A plain HTTP GET/HEAD: no x-amz-checksum-mode header at all.
+    for method in ("GET", "HEAD"):
+        request = urllib.request.Request(f"{endpoints.s3_url}/{BUCKET}/{SMALL}", method=method)
+        with urllib.request.urlopen(request) as response:
+            response.read()
+            assert response.headers["ETag"] == fixture.objects[SMALL].etag
+            assert response.headers["x-amz-checksum-crc32"] is None
+            assert response.headers["x-amz-checksum-type"] is None
+    # The header's value is case-insensitive; any other value is no request for checksums.
+    for mode, expected in (("enabled", fixture.objects[SMALL].checksum_crc32), ("DISABLED", None)):
+        request = urllib.request.Request(
+            f"{endpoints.s3_url}/{BUCKET}/{SMALL}", headers={"x-amz-checksum-mode": mode}
+        )
+        with urllib.request.urlopen(request) as response:
+            response.read()
+            assert response.headers["x-amz-checksum-crc32"] == expected
+    # boto3 asks for checksums by default (response_checksum_validation="when_supported").
+    plain = boto3.client(
+        "s3",
+        endpoint_url=endpoints.s3_url,
+        region_name="us-east-1",
+        aws_access_key_id="k",
+        aws_secret_access_key="s",
+        config=Config(response_checksum_validation="when_required"),
+    )
+    got = plain.get_object(Bucket=BUCKET, Key=SMALL)
+    assert got["Body"].read() == fixture.source_path(SMALL).read_bytes()
+    assert "ChecksumCRC32" not in got and "ChecksumType" not in got
+
+
+def test_part_number_gets_from_the_api_layer_carry_checksums_when_asked(
+    fixture: Fixture, s3
+) -> None:  # type: ignore[no-untyped-def]
+    # nginx hands every object request with ?partNumber= or ?versionId= to benchmarks.s3api.
+    small, big = fixture.objects[SMALL], fixture.objects[BIG]
+    got = s3.get_object(Bucket=BUCKET, Key=SMALL, PartNumber=1, ChecksumMode="ENABLED")
+    assert (got["ChecksumCRC32"], got["ChecksumType"]) == (small.checksum_crc32, "FULL_OBJECT")
+    assert got["Body"].read() == fixture.source_path(SMALL).read_bytes()  # validated by botocore
+    head = s3.head_object(Bucket=BUCKET, Key=BIG, PartNumber=2, ChecksumMode="ENABLED")
+    assert (head["ChecksumCRC32"], head["ChecksumType"]) == (big.checksum_crc32, "COMPOSITE")
+    assert head["PartsCount"] == 2  # only the API layer sends x-amz-mp-parts-count
+    ranged = s3.get_object(
+        Bucket=BUCKET, Key=SMALL, Range="bytes=0-9", VersionId="null", ChecksumMode="ENABLED"
+    )
+    assert ranged["Body"].read() == fixture.source_path(SMALL).read_bytes()[:10]
+    assert "ChecksumCRC32" not in ranged and "ChecksumType" not in ranged
 
 
 def test_object_bytes_come_from_nginx_even_when_presigned(

@@ -51,7 +51,7 @@ class Listing:
 class RangeReader(AbstractContextManager["RangeReader"]):
     """An open response for bytes ``[start, end)`` of one file."""
 
-    headers: Mapping[str, str]
+    headers: Mapping[str, str]  # looked up case-insensitively
 
     @abstractmethod
     def chunks(self) -> Iterator[memoryview]:

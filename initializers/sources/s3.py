@@ -2,8 +2,9 @@
 
 boto3 does what it is good at: the credential chain (env, profiles, web identity / IRSA, STS
 role assumption with refresh), region discovery, endpoint and addressing rules, paginated
-listing. Bytes travel as SigV4-presigned ranged GETs through :mod:`initializers.transport`,
-which streams at loopback speed where botocore's own body handling is CPU-bound.
+listing. Bytes travel as ranged GETs through :mod:`initializers.transport`, which streams at
+loopback speed where botocore's own body handling is CPU-bound, signed in the headers by
+:mod:`initializers.sources.s3sign`.
 """
 
 from __future__ import annotations
@@ -13,19 +14,18 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Self
-from urllib.parse import quote
+from urllib.parse import SplitResult, quote, urlsplit
 
 import boto3
 import botocore.exceptions as bexc
 import botocore.session
 from botocore import UNSIGNED
-from botocore.auth import S3SigV4QueryAuth
-from botocore.awsrequest import AWSRequest
 from botocore.config import Config
 from botocore.credentials import (
     AssumeRoleCredentialFetcher,
     DeferredRefreshableCredentials,
 )
+from botocore.parsers import ResponseParserFactory
 
 from initializers import checksum as checksums
 from initializers.config import Settings
@@ -33,13 +33,13 @@ from initializers.errors import AuthError, NotFoundError, TransientError, UsageE
 from initializers.fsutil import UnsafePathError, safe_relpath
 from initializers.retry import RetryPolicy
 from initializers.sources.base import Checksum, Listing, RangeReader, RemoteFile, Source
+from initializers.sources.s3sign import S3HeaderSigner
 from initializers.transport import HttpTransport
 
 log = logging.getLogger(__name__)
 
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-_]{1,253}[a-z0-9]$")
 _MD5_ETAG = re.compile(r"^[0-9a-f]{32}$")
-PRESIGN_SECONDS = 3600
 # S3 "additional checksums", in order of preference (full-object CRCs are cheapest to verify).
 _ADDITIONAL = (
     ("CRC64NVME", "s3-crc64nvme"),
@@ -111,8 +111,14 @@ class S3Source(Source):
         self._transport = HttpTransport(
             workers=settings.workers, timeout=settings.timeout, ca_bundle=settings.ca_bundle
         )
-        self._credentials = None if settings.anonymous else self._resolve_credentials()
-        self._base_url = self._call(self._bucket_url)
+        credentials = None if settings.anonymous else self._resolve_credentials()
+        self._signer = (
+            S3HeaderSigner(credentials, self._client.meta.region_name) if credentials else None
+        )
+        bucket_url = urlsplit(self._call(self._bucket_url))
+        self._origin = f"{bucket_url.scheme}://{bucket_url.netloc}"
+        self._host = _host_header(bucket_url)
+        self._bucket_path = bucket_url.path
         self._with_additional: set[str] = set()  # keys listed with an additional checksum
 
     @classmethod
@@ -255,20 +261,15 @@ class S3Source(Source):
 
     def open_range(self, file: RemoteFile, start: int, end: int) -> RangeReader:
         whole = start == 0 and end == file.size
-        url = self._base_url + quote(file.locator, safe="/~")
+        path = self._bucket_path + quote(file.locator, safe="/~")
         # A whole-object GET can carry the object's additional checksum in its headers.
         signed = {"x-amz-checksum-mode": "ENABLED"} if whole else {}
-        if self._credentials is not None:
-            request = AWSRequest(method="GET", url=url, headers=signed)
-            S3SigV4QueryAuth(
-                self._credentials.get_frozen_credentials(),
-                "s3",
-                self._client.meta.region_name,
-                expires=PRESIGN_SECONDS,
-            ).add_auth(request)
-            url = request.prepare().url
+        if self._signer is not None:
+            signed = self._signer.sign(self._host, path, signed)
         headers = {**signed, "If-Match": f'"{file.version}"'} if file.version else signed
-        return self._transport.open_range(url, headers, start, end, file.path, whole=whole)
+        return self._transport.open_range(
+            self._origin + path, headers, start, end, file.path, whole=whole
+        )
 
     def checksum_for(self, file: RemoteFile, headers: Mapping[str, str]) -> Checksum | None:
         """Prefer the object's additional checksum (from the GET, else one HEAD), then the
@@ -332,6 +333,7 @@ def _make_session(settings: Settings) -> boto3.session.Session:
         aws_session_token=settings.session_token,
         region_name=region,
     )
+    _skip_timestamp_parsing(session._session)
     if not settings.role_arn:
         return session
     source_credentials = session.get_credentials()
@@ -347,10 +349,20 @@ def _make_session(settings: Settings) -> boto3.session.Session:
         extra_args={"RoleSessionName": "kubeflow-initializer"},
     )
     assumed = botocore.session.get_session()
+    _skip_timestamp_parsing(assumed)
     assumed._credentials = DeferredRefreshableCredentials(
         method="assume-role", refresh_using=fetcher.fetch_credentials
     )
     return boto3.session.Session(botocore_session=assumed, region_name=region)
+
+
+def _skip_timestamp_parsing(session: botocore.session.Session) -> None:
+    """Leave timestamps as the strings S3 sent: nothing here reads LastModified, and dateutil
+    parsing it took ~0.1 ms an object — 0.2 s of CPU on a 2,000-file listing. botocore's
+    credential fetchers accept string expiry times (they cache them as strings)."""
+    factory = ResponseParserFactory()
+    factory.set_parser_defaults(timestamp_parser=str)
+    session.register_component("response_parser_factory", factory)
 
 
 def _client_error(exc: bexc.ClientError, where: str, bucket: str) -> Exception:
@@ -381,6 +393,14 @@ def _client_error(exc: bexc.ClientError, where: str, bucket: str) -> Exception:
         return UsageError(f"{where}: S3 refused the request ({code or status})")
     failure.bucket_region = headers.get("x-amz-bucket-region")  # type: ignore[attr-defined]
     return failure
+
+
+def _host_header(url: SplitResult) -> str:
+    """The Host header an HTTP client sends for ``url`` (no port when it is the default)."""
+    host = url.hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    default = {"http": 80, "https": 443}.get(url.scheme)
+    return host if url.port in (None, default) else f"{host}:{url.port}"
 
 
 def _checksum_headers(headers: Mapping[str, str]) -> dict[str, str]:

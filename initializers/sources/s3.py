@@ -219,7 +219,12 @@ class S3Source(Source):
                 files.append(self._remote(safe_relpath(relative), key, obj))
             except UnsafePathError as exc:
                 skipped.append((key, str(exc)))
-        self._with_additional = {o["Key"] for o in objects if o.get("ChecksumAlgorithm")}
+        # A composite checksum ("...-N", of the upload's parts) verifies nothing a HEAD could add.
+        self._with_additional = {
+            o["Key"]
+            for o in objects
+            if o.get("ChecksumAlgorithm") and o.get("ChecksumType") != "COMPOSITE"
+        }
         return Listing(None, files, skipped)
 
     def _list_objects(self, folder: str) -> list[dict[str, Any]]:

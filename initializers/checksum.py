@@ -1,4 +1,4 @@
-"""Digests the sources announce, computed over a finished file.
+"""Digests the sources announce, computed while a file streams in or from its bytes on disk.
 
 Hex digests (``md5``, ``sha1``, ``sha256``, ``git-sha1``) are what ETags and the Hub's oids
 carry; the S3 additional checksums (``s3-crc32``, ``s3-crc32c``, ``s3-sha1``, ``s3-sha256``,
@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import threading
 import zlib
 from collections.abc import Callable
 from typing import Protocol
@@ -96,11 +97,62 @@ def new_digest(algorithm: str, size: int) -> Digest:
 def digest_file(fd: int, size: int, algorithm: str) -> str:
     """Digest of the first ``size`` bytes of the open file ``fd``."""
     digest = new_digest(algorithm, size)
-    offset = 0
-    while offset < size:
-        block = os.pread(fd, min(READ_SIZE, size - offset), offset)
+    _feed(digest, fd, 0, size)
+    return digest.finish()
+
+
+def _feed(digest: Digest, fd: int, start: int, end: int) -> int:
+    """Feed bytes ``[start, end)`` of ``fd`` to ``digest``; return where reading stopped."""
+    offset = start
+    while offset < end:
+        block = os.pread(fd, min(READ_SIZE, end - offset), offset)
         if not block:
             break
         digest.update(block)
         offset += len(block)
-    return digest.finish()
+    return offset
+
+
+class SpanDigest:
+    """The digest of a file whose spans land out of order (parallel ranged GETs).
+
+    Each finished span is read back from the page cache and digested as soon as every span
+    before it is done, by whichever worker finished it, while the other spans still download —
+    so the digest is ready moments after the last byte lands instead of after one more pass
+    over the whole file. hashlib and pread release the GIL, so this runs beside the transfers.
+    """
+
+    def __init__(self, algorithm: str, size: int) -> None:
+        self._digest = new_digest(algorithm, size)
+        self._size = size
+        self._hashed = 0  # bytes [0, _hashed) are digested
+        self._ready: dict[int, int] = {}  # finished spans not digested yet: start -> end
+        self._lock = threading.Lock()  # guards _ready
+        self._reader = threading.Lock()  # one thread digests at a time, in order
+
+    def span_done(self, fd: int, start: int, end: int) -> None:
+        """Note ``[start, end)`` is on disk; digest what now follows on, unless another
+        thread is digesting (then it, or :meth:`finish`, picks this span up)."""
+        with self._lock:
+            self._ready[start] = end
+        self._advance(fd, wait=False)
+
+    def finish(self, fd: int) -> str:
+        """The digest of the whole file; call once every span is done."""
+        self._advance(fd, wait=True)
+        if self._hashed < self._size:  # a span never reported: read the rest
+            self._hashed = _feed(self._digest, fd, self._hashed, self._size)
+        return self._digest.finish()
+
+    def _advance(self, fd: int, *, wait: bool) -> None:
+        if not self._reader.acquire(blocking=wait):
+            return
+        try:
+            while True:
+                with self._lock:
+                    end = self._ready.pop(self._hashed, None)
+                if end is None:
+                    return
+                self._hashed = _feed(self._digest, fd, self._hashed, end)
+        finally:
+            self._reader.release()

@@ -42,7 +42,7 @@ from initializers.fsutil import (
     part_path,
     start_writeback,
 )
-from initializers.journal import CommitLog, RangeJournal, holes
+from initializers.journal import CommitLog, RangeJournal, holes, merge
 from initializers.manifest import (
     FileRecord,
     Manifest,
@@ -177,6 +177,8 @@ class FileJob:
         self._expected: Checksum | None = None
         self._expected_known = False
         self.streamed_digest: str | None = None  # digest computed while streaming, if any
+        self.kept: list[tuple[int, int]] = []  # spans an interrupted run left on disk
+        self.spans: checksums.SpanDigest | None = None  # digest of a file fetched in ranges
 
     def plan(self) -> None:
         """Work out which ranges remain, keeping bytes an interrupted run left (opens nothing:
@@ -185,6 +187,8 @@ class FileJob:
         done = self.journal.load() if self._resume else []
         self._resume = bool(done)
         missing = holes(done, self.remote.size)
+        self.kept = [(s, min(e, self.remote.size)) for s, e in merge(done) if s < self.remote.size]
+        self.spans = None
         self.present = self.remote.size - sum(end - start for start, end in missing)
         self.ranges = [r for start, end in missing for r in _split(start, end)]
         self._pending = len(self.ranges)
@@ -232,9 +236,25 @@ class FileJob:
         if self.headers is None:
             self.headers = headers
 
+    def digest_span(self, source: Source, start: int, end: int) -> None:
+        """Digest a finished range in file order (:class:`SpanDigest`), if there is a checksum."""
+        expected = self.expected_checksum(source)
+        if expected is None:
+            return
+        with self._lock:
+            first = self.spans is None
+            if first:
+                self.spans = checksums.SpanDigest(expected.algorithm, self.remote.size)
+            spans = self.spans
+        fd = self.open()
+        for kept_start, kept_end in self.kept if first else ():
+            spans.span_done(fd, kept_start, kept_end)
+        spans.span_done(fd, start, end)
+
     def discard(self) -> None:
         """Forget the bytes on disk (after a checksum mismatch)."""
         self.streamed_digest = None
+        self.spans = None
         self.close()
         self.journal.remove()
         self.part.unlink(missing_ok=True)
@@ -498,6 +518,11 @@ class Engine:
                 job.journal.record(start, position)
         if digest is not None:
             job.streamed_digest = digest.finish()
+        elif not streaming:
+            try:
+                job.digest_span(self.source, start, end)
+            except OSError as exc:
+                raise _storage_error(exc, job.final) from None
 
     def _write(self, job: FileJob, view: memoryview, offset: int) -> None:
         fd = job.open()
@@ -514,9 +539,12 @@ class Engine:
         """Verify the finished .part, make it durable and give it its final name."""
         expected = job.expected_checksum(self.source)
         if expected:
-            actual = job.streamed_digest or checksums.digest_file(
-                job.open(), job.remote.size, expected.algorithm
-            )
+            if job.streamed_digest:
+                actual = job.streamed_digest
+            elif job.spans is not None:
+                actual = job.spans.finish(job.open())
+            else:
+                actual = checksums.digest_file(job.open(), job.remote.size, expected.algorithm)
             if actual != expected.value:
                 return self._refetch_after_mismatch(job, str(expected), actual)
         try:

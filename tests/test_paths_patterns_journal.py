@@ -5,11 +5,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import random
+import threading
 import zlib
 
 import pytest
 
-from initializers.checksum import digest_file, is_supported
+from initializers.checksum import SpanDigest, digest_file, is_supported
 from initializers.fsutil import UnsafePathError, safe_relpath
 from initializers.journal import holes, merge
 from initializers.patterns import is_selected
@@ -104,6 +106,39 @@ def test_digests_match_what_the_sources_announce(sample):
     assert digest_file(fd, size, "s3-crc32") == crc
     sha = base64.b64encode(hashlib.sha256(data).digest()).decode()
     assert digest_file(fd, size, "s3-sha256") == sha
+
+
+def spans_of(size, count, seed):
+    """``count`` spans that partition ``[0, size)``, in a shuffled order."""
+    cuts = sorted(random.Random(seed).sample(range(1, size), count - 1))
+    spans = list(zip([0, *cuts], [*cuts, size], strict=True))
+    random.Random(seed + 1).shuffle(spans)
+    return spans
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_file_whose_ranges_finish_out_of_order_is_digested_as_if_read_once(sample, seed):
+    fd, data = sample
+    digest = SpanDigest("sha256", len(data))
+    spans = spans_of(len(data), 12, seed)
+    threads = [
+        threading.Thread(target=digest.span_done, args=(fd, start, end)) for start, end in spans
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert digest.finish(fd) == hashlib.sha256(data).hexdigest()
+
+
+def test_a_span_never_reported_is_read_back_when_the_digest_finishes(sample):
+    fd, data = sample
+    digest = SpanDigest("git-sha1", len(data))
+    for start, end in spans_of(len(data), 6, seed=7)[:-1]:
+        digest.span_done(fd, start, end)
+
+    assert digest.finish(fd) == hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
 def test_unknown_algorithms_are_reported_unsupported():

@@ -29,6 +29,7 @@ from initializers.logs import RedactSecrets, configure
 from initializers.retry import RetryPolicy
 from initializers.selection import select
 from initializers.sources import open_source
+from initializers.transport import interrupt_reads
 
 log = logging.getLogger("initializers")
 
@@ -121,7 +122,7 @@ def _fetch(settings: Settings, stop: _StopOnSignal) -> None:
 
 
 class _StopOnSignal:
-    """SIGTERM/SIGINT: ask the engine to stop at the next chunk (leaving the fetch resumable)."""
+    """SIGTERM/SIGINT: stop the engine at once — reads in flight are cut — leaving it resumable."""
 
     def __init__(self) -> None:
         self.event = threading.Event()
@@ -145,6 +146,7 @@ class _StopOnSignal:
         self.event.set()
         if not self.engine_running:
             raise Interrupted(f"stopped by {name} before fetching started")
+        interrupt_reads()  # a worker blocked on a stalled server sees the stop now
 
 
 def _fail(

@@ -487,9 +487,17 @@ class Engine:
         streaming = start == 0 and end == job.remote.size
 
         def attempt() -> None:
-            nonlocal position, checkpoint, digest
             if self.stop.is_set():
                 raise Cancelled
+            try:
+                transfer()
+            except Exception:
+                if self.stop.is_set():  # the stop cut this read short (transport.interrupt_reads)
+                    raise Cancelled from None
+                raise
+
+        def transfer() -> None:
+            nonlocal position, checkpoint, digest
             with self.source.open_range(job.remote, position, end) as reader:
                 job.note_headers(reader.headers)
                 if streaming and digest is None and position == 0:

@@ -9,7 +9,9 @@ signature and possibly a session token.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import socket
 import ssl
 import threading
 import urllib.request
@@ -44,6 +46,57 @@ TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 CONNECT_TIMEOUT = 10.0
 
 
+# Every socket the transports of this process opened and that is still open, so a stop can
+# cut them all. A response whose connection http.client has already "closed" (it hands the socket
+# over on Connection: close) still reads from it, so sockets are kept until really closed.
+_SOCKETS: dict[int, socket.socket] = {}
+_SOCKETS_LOCK = threading.Lock()
+
+
+def _remember(sock: socket.socket) -> None:
+    with _SOCKETS_LOCK:
+        for key, old in list(_SOCKETS.items()):
+            if old.fileno() == -1:  # closed for good
+                del _SOCKETS[key]
+        _SOCKETS[id(sock)] = sock
+
+
+class _TrackedHTTPConnection(urllib3.connection.HTTPConnection):
+    def connect(self) -> None:
+        super().connect()
+        _remember(self.sock)
+
+
+class _TrackedHTTPSConnection(urllib3.connection.HTTPSConnection):
+    def connect(self) -> None:
+        super().connect()
+        _remember(self.sock)
+
+
+class _HTTPPool(urllib3.HTTPConnectionPool):
+    ConnectionCls = _TrackedHTTPConnection
+
+
+class _HTTPSPool(urllib3.HTTPSConnectionPool):
+    ConnectionCls = _TrackedHTTPSConnection
+
+
+_POOLS = {"http": _HTTPPool, "https": _HTTPSPool}
+
+
+def interrupt_reads() -> None:
+    """Shut down every open connection, so a read blocked on a stalled server returns at once.
+
+    Called from the SIGTERM handler after the engine's stop flag is set: without it a worker
+    stuck in a stalled read would only notice the stop when the read timed out (60 s by
+    default, longer than a pod's grace period). It takes no lock (copying the dict is one C
+    call under the GIL), and shuts the socket itself down, under any TLS layer.
+    """
+    for sock in list(_SOCKETS.values()):
+        with contextlib.suppress(OSError):
+            socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
 class HttpTransport:
     """A pool of keep-alive connections (through the environment's proxy when one is set)."""
 
@@ -55,7 +108,7 @@ class HttpTransport:
             "ca_certs": ca_bundle,
             "retries": False,
         }
-        self._direct = urllib3.PoolManager(**pool_args)
+        self._direct = _tracked(urllib3.PoolManager(**pool_args))
         self._proxies = urllib.request.getproxies_environment()
         self._proxied: dict[str, urllib3.ProxyManager] = {}
         self._pool_args = pool_args
@@ -77,7 +130,7 @@ class HttpTransport:
         if not proxy or urllib.request.proxy_bypass_environment(parts.hostname or ""):
             return self._direct
         if proxy not in self._proxied:
-            self._proxied[proxy] = urllib3.ProxyManager(proxy, **self._pool_args)
+            self._proxied[proxy] = _tracked(urllib3.ProxyManager(proxy, **self._pool_args))
         return self._proxied[proxy]
 
     def open_range(
@@ -123,6 +176,12 @@ class HttpTransport:
         self._direct.clear()
         for manager in self._proxied.values():
             manager.clear()
+
+
+def _tracked(manager: urllib3.PoolManager) -> urllib3.PoolManager:
+    """``manager``, opening connections :func:`interrupt_reads` can reach."""
+    manager.pool_classes_by_scheme = _POOLS
+    return manager
 
 
 class HttpRangeReader(RangeReader):

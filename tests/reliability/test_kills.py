@@ -14,6 +14,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from initializers.journal import RangeJournal
 from initializers.manifest import find_problems
 from initializers.progress import human_bytes
@@ -245,4 +247,37 @@ def test_sigterm_during_a_retry_backoff_exits_143_within_seconds_and_the_rerun_r
     assert f"resuming {human_bytes(12 * MIB)} already on disk" in rerun.stderr
     assert (out / "big.bin").read_bytes() == body
     assert re.search(r"8\.00 MiB transferred", rerun.stderr), rerun.stderr
+    FIGURES["SIGTERMs survived"] += 1
+
+
+@pytest.mark.parametrize("stalled", ["before the headers", "mid-body"])
+def test_sigterm_during_a_stalled_read_exits_143_at_once_not_after_the_read_timeout(
+    stalled, bucket, s3_endpoint, proxies, launch, run_initializer, tmp_path
+):
+    body = dataset(29, {"big.bin": 20 * MIB})["big.bin"]
+    fill(bucket, "d", {"big.bin": body})
+    proxy = proxies(s3_endpoint, share=0.0)
+    after = None if stalled == "before the headers" else 12 * MIB
+    proxy.force(Fault.stall(600, after_bytes=after), match=is_object_get)
+    out = tmp_path / "out"
+    env = s3_env(bucket, proxy.url, "d", out, TIMEOUT="120")  # a read would wait 120 s
+    live = launch("dataset", env=env)
+    deadline = time.monotonic() + 30
+    while not proxy.total_injected and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.5)  # the bytes before the stall are through; the read now blocks
+    stopped_at = time.monotonic()
+    live.signal(signal.SIGTERM)
+    code = live.finish(timeout=60)
+    took = time.monotonic() - stopped_at
+    assert code == 143, live.stderr
+    assert took < 5.0, f"{took:.1f}s to stop"
+    assert "rerun to resume" in live.stderr
+    assert not (out / "big.bin").exists()
+
+    rerun = run_initializer("dataset", env=env)
+    assert rerun.code == 0, rerun.output
+    assert (out / "big.bin").read_bytes() == body
+    if after:
+        assert f"resuming {human_bytes(after)} already on disk" in rerun.stderr
     FIGURES["SIGTERMs survived"] += 1

@@ -61,16 +61,22 @@ def _remember(sock: socket.socket) -> None:
         _SOCKETS[id(sock)] = sock
 
 
-class _TrackedHTTPConnection(urllib3.connection.HTTPConnection):
+class _RemembersItsSocket:
+    """Mixed into urllib3's connection classes: each socket they connect is remembered."""
+
+    sock: socket.socket
+
     def connect(self) -> None:
-        super().connect()
+        super().connect()  # type: ignore[misc]
         _remember(self.sock)
 
 
-class _TrackedHTTPSConnection(urllib3.connection.HTTPSConnection):
-    def connect(self) -> None:
-        super().connect()
-        _remember(self.sock)
+class _TrackedHTTPConnection(_RemembersItsSocket, urllib3.connection.HTTPConnection):
+    pass
+
+
+class _TrackedHTTPSConnection(_RemembersItsSocket, urllib3.connection.HTTPSConnection):
+    pass
 
 
 class _HTTPPool(urllib3.HTTPConnectionPool):

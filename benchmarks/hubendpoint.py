@@ -48,13 +48,6 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(REPO_ROOT))
     from tests.servers.hub import DEFAULT_LFS_PATTERNS, HubServer
 
-    class NginxCdnHub(HubServer):
-        """HubServer whose LFS redirects go to nginx rather than its own CDN listener."""
-
-        def _cdn_url(self, blob, filename):  # type: ignore[no-untyped-def]
-            url = super()._cdn_url(blob, filename)
-            return args.cdn_url + url[len(self.cdn_endpoint) :]
-
     objects = json.loads((args.fixture / "index.json").read_text())["objects"]
     data = args.fixture / "s3" / "bench"
 
@@ -62,15 +55,16 @@ def main(argv: list[str] | None = None) -> int:
         prefix = asset + "/"
         return {k[len(prefix) :]: data / k for k in objects if k.startswith(prefix)}
 
-    hub = NginxCdnHub(lfs_patterns=(*DEFAULT_LFS_PATTERNS, *EXTRA_LFS))
+    # LFS redirects go to nginx (serving lfs_files()) rather than the Hub's own CDN listener.
+    hub = HubServer(lfs_patterns=(*DEFAULT_LFS_PATTERNS, *EXTRA_LFS), cdn_origin=args.cdn_url)
     hub.start()
     hub.add_repo(MODEL_REPO, files("model"))
     hub.add_repo(DATASET_REPO, files("dataset"), repo_type="dataset")
     args.lfs_dir.mkdir(parents=True, exist_ok=True)
-    for sha256, blob in hub._cdn_blobs.items():
+    for sha256, path in hub.lfs_files().items():
         link = args.lfs_dir / sha256
         if not link.is_symlink():
-            os.symlink(blob.path, link)
+            os.symlink(path, link)
     args.ready.write_text(json.dumps({"endpoint": hub.endpoint}))
 
     stop = threading.Event()

@@ -294,6 +294,7 @@ class HubServer:
         tree_page_size_expand: int = 50,
         reject_invalid_tokens: bool = True,
         cdn_url_ttl: float = 3600.0,
+        cdn_origin: str | None = None,
     ) -> None:
         self.lfs_threshold = lfs_threshold
         self.lfs_patterns = tuple(lfs_patterns)
@@ -301,6 +302,9 @@ class HubServer:
         self.tree_page_size_expand = tree_page_size_expand
         self.reject_invalid_tokens = reject_invalid_tokens
         self.cdn_url_ttl = cdn_url_ttl
+        # Where LFS redirects point: the CDN listener, or a faster server in front of
+        # lfs_files() (the benchmark's nginx).
+        self.cdn_origin = cdn_origin
         self.tokens: set[str] = set()
         self.fault: FaultHook | None = None
         self.requests: list[RequestRecord] = []
@@ -498,7 +502,13 @@ class HubServer:
     def _cdn_url(self, blob: Blob, filename: str) -> str:
         expires = str(int(time.time() + self.cdn_url_ttl))
         query = {"expires": expires, "signature": self._sign(blob.etag, expires), "name": filename}
-        return f"{self.cdn_endpoint}/lfs/{blob.etag}?{urlencode(query)}"
+        return f"{self.cdn_origin or self.cdn_endpoint}/lfs/{blob.etag}?{urlencode(query)}"
+
+    def lfs_files(self) -> dict[str, Path]:
+        """The on-disk file of every LFS blob, by sha256 — what a server standing in for the
+        CDN serves at ``/lfs/<sha256>``."""
+        with self._lock:
+            return {sha: blob.path for sha, blob in self._cdn_blobs.items() if blob.path}
 
     def _sign(self, sha256: str, expires: str) -> str:
         return hmac.new(self._cdn_key, f"{sha256}:{expires}".encode(), "sha256").hexdigest()

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ACCESS_KEY, SECRET_KEY, Bucket, clean_env, tree
-from tests.servers.faultproxy import FaultProxy
+from tests.servers.faultproxy import FaultProxy, Request
 
 REPO = Path(__file__).resolve().parents[2]
 KILLPOINT = Path(__file__).with_name("killpoint.py")
@@ -58,6 +58,11 @@ def dataset(seed: int, sizes: dict[str, int]) -> dict[str, bytes]:
 def fill(bucket: Bucket, prefix: str, files: dict[str, bytes]) -> None:
     for name, body in files.items():
         bucket.put(f"{prefix}/{name}", body)
+
+
+def is_object_get(request: Request) -> bool:
+    """An S3 object GET (not a listing): what the proxies' faults and holds aim at."""
+    return request.method == "GET" and "list-type" not in request.query
 
 
 def s3_env(bucket: Bucket, endpoint: str, prefix: str, out: Path, **extra: str) -> dict[str, str]:

@@ -11,15 +11,18 @@ import signal
 import time
 
 from initializers.manifest import find_problems
-from tests.reliability.conftest import FIGURES, assert_identical, dataset, fill, s3_env
-from tests.servers.faultproxy import Request
+from tests.reliability.conftest import (
+    FIGURES,
+    Live,
+    assert_identical,
+    dataset,
+    fill,
+    is_object_get,
+    s3_env,
+)
 
 MIB = 1 << 20
 WAITING = "another initializer is working on"
-
-
-def is_object_get(request: Request) -> bool:
-    return request.method == "GET" and "list-type" not in request.query
 
 
 def one_manifest(out) -> dict:
@@ -27,6 +30,17 @@ def one_manifest(out) -> dict:
         ".initializer-manifest.json"
     ]
     return json.loads((out / ".initializer-manifest.json").read_text())
+
+
+def holder_and_waiter(launch, proxy, env: dict[str, str]) -> tuple[Live, Live]:
+    """Start an initializer whose object GETs the proxy parks (so it holds the lock), then a
+    second one on the same destination, and return both once the second says it is waiting."""
+    proxy.hold(is_object_get)
+    holder = launch("dataset", env=env)
+    proxy.wait_parked(1)
+    waiter = launch("dataset", env=env)
+    waiter.wait_for(WAITING)
+    return holder, waiter
 
 
 def test_two_initializers_started_together_end_with_one_complete_tree_fetched_once(
@@ -64,13 +78,8 @@ def test_the_waiting_initializer_finishes_the_fetch_when_the_first_is_killed(
     files = dataset(32, {"a.bin": 12 * MIB, "b.json": 2_000})
     fill(bucket, "d", files)
     proxy = proxies(s3_endpoint)
-    proxy.hold(is_object_get)
     out = tmp_path / "shared-volume"
-    env = s3_env(bucket, proxy.url, "d", out)
-    first = launch("dataset", env=env)
-    proxy.wait_parked(1)
-    second = launch("dataset", env=env)
-    second.wait_for(WAITING)
+    first, second = holder_and_waiter(launch, proxy, s3_env(bucket, proxy.url, "d", out))
     first.kill()  # the pod holding the lock dies; the kernel drops its flock
     proxy.release()
 
@@ -86,13 +95,8 @@ def test_sigterm_while_waiting_for_the_lock_exits_143_promptly(
     files = dataset(33, {"a.bin": 2 * MIB})
     fill(bucket, "d", files)
     proxy = proxies(s3_endpoint)
-    proxy.hold(is_object_get)
     out = tmp_path / "shared-volume"
-    env = s3_env(bucket, proxy.url, "d", out)
-    first = launch("dataset", env=env)
-    proxy.wait_parked(1)
-    second = launch("dataset", env=env)
-    second.wait_for(WAITING)
+    first, second = holder_and_waiter(launch, proxy, s3_env(bucket, proxy.url, "d", out))
     stopped_at = time.monotonic()
     second.signal(signal.SIGTERM)
     assert second.finish(timeout=30) == 143, second.stderr

@@ -20,17 +20,20 @@ from initializers.journal import RangeJournal
 from initializers.manifest import find_problems
 from initializers.progress import human_bytes
 from tests.conftest import Bucket
-from tests.reliability.conftest import FIGURES, assert_identical, dataset, fill, s3_env
-from tests.servers.faultproxy import Fault, Request
+from tests.reliability.conftest import (
+    FIGURES,
+    assert_identical,
+    dataset,
+    fill,
+    is_object_get,
+    s3_env,
+)
+from tests.servers.faultproxy import Fault
 
 MIB = 1 << 20
 CHECKPOINT = 8 * MIB  # the engine's journal granularity
 WORKERS = 2
 CLEAN_END = {".initializer.lock", ".initializer-manifest.json"}
-
-
-def is_object_get(request: Request) -> bool:
-    return request.method == "GET" and "list-type" not in request.query
 
 
 def hidden_files(out: Path) -> set[str]:

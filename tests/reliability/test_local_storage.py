@@ -11,14 +11,16 @@ import subprocess
 
 from initializers.journal import RangeJournal
 from initializers.progress import human_bytes
-from tests.reliability.conftest import FIGURES, assert_identical, dataset, fill, s3_env
-from tests.servers.faultproxy import Request
+from tests.reliability.conftest import (
+    FIGURES,
+    assert_identical,
+    dataset,
+    fill,
+    is_object_get,
+    s3_env,
+)
 
 MIB = 1 << 20
-
-
-def is_object_get(request: Request) -> bool:
-    return request.method == "GET" and "list-type" not in request.query
 
 
 def remount_read_only(folder) -> None:

@@ -17,10 +17,11 @@ from tests.reliability.conftest import (
     assert_identical,
     dataset,
     fill,
+    is_object_get,
     retry_lines,
     s3_env,
 )
-from tests.servers.faultproxy import Fault, Request, every_fault
+from tests.servers.faultproxy import Fault, every_fault
 from tests.servers.hub import HubServer
 
 MIB = 1 << 20
@@ -35,10 +36,6 @@ S3_FILES = {
 
 def attempts(stderr: str) -> list[int]:
     return [int(n) for n in re.findall(r"\(attempt (\d+)\)", stderr)]
-
-
-def is_object_get(request: Request) -> bool:
-    return request.method == "GET" and "list-type" not in request.query
 
 
 def test_random_faults_on_a_multi_file_multi_range_s3_fetch_leave_a_byte_identical_tree(

@@ -141,30 +141,27 @@ class AwsCli(Contender):
         return Invocation(argv, {"AWS_CONFIG_FILE": "/dev/null"})
 
 
-class Boto3(Contender):
-    name, label = "boto3", "boto3 TransferManager"
+class S3ClientScript(Contender):
+    """A driver script of ``clients/`` that copies an S3 prefix (they share one argument set)."""
+
+    script = ""
 
     def command(self, ctx: Context, task: Task, dest: Path) -> Invocation:
         excludes = [a for p in _excludes(task.asset) for a in ("--exclude", p)]
         argv = [
-            str(ctx.venv / "bin" / "python"), str(CLIENTS / "boto3_tm.py"),
+            str(ctx.venv / "bin" / "python"), str(CLIENTS / self.script),
             "--endpoint", ctx.s3_url, "--bucket", BUCKET, "--prefix", task.asset,
             "--dest", str(dest), *excludes,
         ]  # fmt: skip
         return Invocation(argv)
 
 
-class KubeflowS3(Contender):
-    name, label = "kubeflow-s3", "Kubeflow S3 initializer (OpenDAL)"
+class Boto3(S3ClientScript):
+    name, label, script = "boto3", "boto3 TransferManager", "boto3_tm.py"
 
-    def command(self, ctx: Context, task: Task, dest: Path) -> Invocation:
-        excludes = [a for p in _excludes(task.asset) for a in ("--exclude", p)]
-        argv = [
-            str(ctx.venv / "bin" / "python"), str(CLIENTS / "kubeflow_opendal.py"),
-            "--endpoint", ctx.s3_url, "--bucket", BUCKET, "--prefix", task.asset,
-            "--dest", str(dest), *excludes,
-        ]  # fmt: skip
-        return Invocation(argv)
+
+class KubeflowS3(S3ClientScript):
+    name, label, script = "kubeflow-s3", "Kubeflow S3 initializer (OpenDAL)", "kubeflow_opendal.py"
 
 
 class KServe(Contender):

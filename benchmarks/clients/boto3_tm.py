@@ -6,23 +6,17 @@ threaded manager here; 10 threads, 8 MiB parts).
 
 from __future__ import annotations
 
-import argparse
 import fnmatch
 import os
 import sys
 
 import boto3
 from boto3.s3.transfer import TransferConfig, create_transfer_manager
+from s3args import parse_s3_args  # the script's folder is on sys.path
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--endpoint", required=True)
-    parser.add_argument("--bucket", required=True)
-    parser.add_argument("--prefix", required=True)
-    parser.add_argument("--dest", required=True)
-    parser.add_argument("--exclude", action="append", default=[])
-    args = parser.parse_args()
+    args = parse_s3_args(__doc__)
     client = boto3.client("s3", endpoint_url=args.endpoint, region_name="us-east-1")
     prefix = args.prefix.rstrip("/") + "/"
     keys = []

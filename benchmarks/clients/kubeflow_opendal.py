@@ -8,23 +8,17 @@ list; here the benchmark's shared exclude globs, so every contender fetches the 
 
 from __future__ import annotations
 
-import argparse
 import fnmatch
 import os
 import sys
 from pathlib import Path
 
 import opendal
+from s3args import parse_s3_args  # the script's folder is on sys.path
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--endpoint", required=True)
-    parser.add_argument("--bucket", required=True)
-    parser.add_argument("--prefix", required=True)
-    parser.add_argument("--dest", required=True)
-    parser.add_argument("--exclude", action="append", default=[])
-    args = parser.parse_args()
+    args = parse_s3_args(__doc__)
     op = opendal.Operator(
         "s3",
         root="/",

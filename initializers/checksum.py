@@ -116,10 +116,12 @@ def _feed(digest: Digest, fd: int, start: int, end: int) -> int:
 class SpanDigest:
     """The digest of a file whose spans land out of order (parallel ranged GETs).
 
-    Each finished span is read back from the page cache and digested as soon as every span
-    before it is done, by whichever worker finished it, while the other spans still download —
-    so the digest is ready moments after the last byte lands instead of after one more pass
-    over the whole file. hashlib and pread release the GIL, so this runs beside the transfers.
+    A chunk that lands exactly where the digest has got to is digested as it streams
+    (:meth:`offer`); any other finished span is read back from the page cache as soon as every
+    byte before it is digested, by whichever worker finished it, while the other spans still
+    download — so the digest is ready moments after the last byte lands instead of after one
+    more pass over the whole file. hashlib and pread release the GIL, so this runs beside the
+    transfers.
     """
 
     def __init__(self, algorithm: str, size: int) -> None:
@@ -127,14 +129,30 @@ class SpanDigest:
         self._size = size
         self._hashed = 0  # bytes [0, _hashed) are digested
         self._ready: dict[int, int] = {}  # finished spans not digested yet: start -> end
-        self._lock = threading.Lock()  # guards _ready
+        self._lock = threading.Lock()  # guards _ready and _hashed
         self._reader = threading.Lock()  # one thread digests at a time, in order
+
+    def offer(self, chunk: memoryview, offset: int) -> None:
+        """Digest ``chunk``, just written at ``offset``, if it is next in order and no other
+        thread is digesting; otherwise its span is read back once reported done."""
+        if self._hashed != offset or not self._reader.acquire(blocking=False):
+            return
+        try:
+            if self._hashed == offset:
+                self._digest.update(chunk)
+                with self._lock:
+                    self._hashed += len(chunk)
+        finally:
+            self._reader.release()
 
     def span_done(self, fd: int, start: int, end: int) -> None:
         """Note ``[start, end)`` is on disk; digest what now follows on, unless another
-        thread is digesting (then it, or :meth:`finish`, picks this span up)."""
+        thread is digesting (then it, or :meth:`finish`, picks this span up). Only the worker
+        that wrote the span offers its chunks, so it cannot be digested past ``start`` by
+        anyone else while this runs."""
         with self._lock:
-            self._ready[start] = end
+            if end > self._hashed:
+                self._ready[max(start, self._hashed)] = end
         self._advance(fd, wait=False)
 
     def finish(self, fd: int) -> str:
@@ -153,6 +171,8 @@ class SpanDigest:
                     end = self._ready.pop(self._hashed, None)
                 if end is None:
                     return
-                self._hashed = _feed(self._digest, fd, self._hashed, end)
+                reached = _feed(self._digest, fd, self._hashed, end)
+                with self._lock:
+                    self._hashed = reached
         finally:
             self._reader.release()

@@ -23,9 +23,10 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
+from itertools import zip_longest
 from pathlib import Path
 
 from initializers import checksum as checksums
@@ -236,20 +237,22 @@ class FileJob:
         if self.headers is None:
             self.headers = headers
 
-    def digest_span(self, source: Source, start: int, end: int) -> None:
-        """Digest a finished range in file order (:class:`SpanDigest`), if there is a checksum."""
+    def span_digest(self, source: Source) -> checksums.SpanDigest | None:
+        """The digest of this file's ranges (:class:`SpanDigest`), if there is a checksum;
+        the first call hands it the spans an interrupted run left on disk."""
         expected = self.expected_checksum(source)
         if expected is None:
-            return
+            return None
         with self._lock:
             first = self.spans is None
             if first:
                 self.spans = checksums.SpanDigest(expected.algorithm, self.remote.size)
             spans = self.spans
-        fd = self.open()
-        for kept_start, kept_end in self.kept if first else ():
-            spans.span_done(fd, kept_start, kept_end)
-        spans.span_done(fd, start, end)
+        if first and self.kept:
+            fd = self.open()
+            for kept_start, kept_end in self.kept:
+                spans.span_done(fd, kept_start, kept_end)
+        return spans
 
     def discard(self) -> None:
         """Forget the bytes on disk (after a checksum mismatch)."""
@@ -272,6 +275,16 @@ def _split(start: int, end: int) -> list[tuple[int, int]]:
     count = -(-(end - start) // RANGE_SIZE)
     step = -(-(end - start) // count)
     return [(s, min(s + step, end)) for s in range(start, end, step)]
+
+
+def _interleaved(jobs: list[FileJob], group: int) -> Iterator[tuple[FileJob, tuple[int, int]]]:
+    """Ranges taken in turn from ``group`` files at a time: each file's spans then land in
+    order, so its digest advances during the transfer instead of all at its end, while only a
+    bounded number of files are open at once."""
+    for first in range(0, len(jobs), group):
+        batch = jobs[first : first + group]
+        for ranges in zip_longest(*(job.ranges for job in batch)):
+            yield from ((job, r) for job, r in zip(batch, ranges, strict=True) if r is not None)
 
 
 class Engine:
@@ -453,11 +466,11 @@ class Engine:
 
         try:
             with ThreadPoolExecutor(self.workers, thread_name_prefix="fetch") as pool:
-                futures = []
-                for job in jobs:
-                    if not job.ranges:  # empty file, or every byte already on disk
-                        futures.append(pool.submit(finish, job))
-                    futures.extend(pool.submit(run_range, job, s, e) for s, e in job.ranges)
+                futures = [pool.submit(finish, job) for job in jobs if not job.ranges]
+                futures.extend(
+                    pool.submit(run_range, job, s, e)
+                    for job, (s, e) in _interleaved(jobs, max(1, self.workers // 2))
+                )
                 done, _ = wait(futures, return_when=FIRST_EXCEPTION)
                 if any(f.exception() for f in done):
                     self.stop.set()
@@ -504,12 +517,15 @@ class Engine:
                     expected = job.expected_checksum(self.source)
                     if expected:
                         digest = checksums.new_digest(expected.algorithm, job.remote.size)
+                spans = None if streaming else job.span_digest(self.source)
                 for chunk in reader.chunks():
                     if self.stop.is_set():
                         raise Cancelled
                     self._write(job, chunk, position)
                     if digest is not None:
                         digest.update(chunk)
+                    elif spans is not None:
+                        spans.offer(chunk, position)
                     position += len(chunk)
                     self._progress.add_bytes(len(chunk))
                     if job.resumable and position - checkpoint >= CHECKPOINT:
@@ -526,9 +542,9 @@ class Engine:
                 job.journal.record(start, position)
         if digest is not None:
             job.streamed_digest = digest.finish()
-        elif not streaming:
+        elif not streaming and (spans := job.span_digest(self.source)) is not None:
             try:
-                job.digest_span(self.source, start, end)
+                spans.span_done(job.open(), start, end)
             except OSError as exc:
                 raise _storage_error(exc, job.final) from None
 

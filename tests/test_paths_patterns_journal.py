@@ -132,6 +132,37 @@ def test_a_file_whose_ranges_finish_out_of_order_is_digested_as_if_read_once(sam
     assert digest.finish(fd) == hashlib.sha256(data).hexdigest()
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_chunks_offered_while_spans_stream_in_parallel_give_the_digest_of_the_file(sample, seed):
+    fd, data = sample
+    digest = SpanDigest("sha256", len(data))
+
+    def stream(start, end):  # a worker: its span in small chunks, each offered, then reported
+        for offset in range(start, end, 4096):
+            digest.offer(memoryview(data)[offset : min(offset + 4096, end)], offset)
+        digest.span_done(fd, start, end)
+
+    threads = [threading.Thread(target=stream, args=span) for span in spans_of(len(data), 8, seed)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert digest.finish(fd) == hashlib.sha256(data).hexdigest()
+
+
+def test_a_chunk_offered_out_of_order_is_not_digested_until_its_span_is_read_back(sample):
+    fd, data = sample
+    digest = SpanDigest("md5", len(data))
+    half = len(data) // 2
+    digest.offer(memoryview(data)[half:], half)  # ahead of the digest: must be ignored
+    digest.offer(memoryview(data)[:half], 0)  # next in order: digested as it streams
+    digest.span_done(fd, 0, half)
+    digest.span_done(fd, half, len(data))
+
+    assert digest.finish(fd) == hashlib.md5(data).hexdigest()
+
+
 def test_a_span_never_reported_is_read_back_when_the_digest_finishes(sample):
     fd, data = sample
     digest = SpanDigest("git-sha1", len(data))

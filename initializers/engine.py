@@ -26,10 +26,12 @@ import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
+from functools import partial
 from itertools import zip_longest
 from pathlib import Path
 
 from initializers import checksum as checksums
+from initializers import processes
 from initializers.errors import (
     ExitCode,
     InitializerError,
@@ -390,8 +392,7 @@ class Engine:
                 if outcome.bytes_resumed
                 else "",
             )
-        with Reporter(self._progress, self.label, self.progress_interval):
-            committed = self._run_jobs(jobs)
+        committed = self._fetch_all(jobs)
         outcome.files_fetched = len(committed)
         outcome.bytes_fetched = self._progress.snapshot().bytes_fetched
         kept.update(committed)
@@ -450,7 +451,56 @@ class Engine:
 
     # -- fetching -------------------------------------------------------------------------------
 
-    def _run_jobs(self, jobs: list[FileJob]) -> dict[str, FileRecord]:
+    def _fetch_all(self, jobs: list[FileJob]) -> dict[str, FileRecord]:
+        """Fetch and commit every job, sharing many small files with forked processes."""
+        small = [job for job in jobs if len(job.ranges) == 1]
+        count = processes.process_count(len(small), self.workers)
+        if count == 1:
+            with Reporter(self._progress, self.label, self.progress_interval):
+                return self._run_jobs(jobs, self.workers)
+        shares = [small[i::count] for i in range(count)]
+        mine = [job for job in jobs if len(job.ranges) != 1] + shares[0]
+        each = max(1, self.workers // count)
+        self.source.close()  # a pooled connection must never be shared with a child
+        # Forked before any other thread of this process starts (the reporter, the workers).
+        children = [
+            processes.fork(partial(self._run_child, share, each), self.stop) for share in shares[1:]
+        ]
+        log.debug("%s: %d worker processes share %d files", self.label, count, len(small))
+        relay = threading.Thread(
+            target=processes.gather,
+            args=(children, self.stop, self._progress.add_counts),
+            name="children",
+        )
+        own: BaseException | None = None
+        committed: dict[str, FileRecord] = {}
+        with Reporter(self._progress, self.label, self.progress_interval):
+            relay.start()
+            try:
+                committed = self._run_jobs(mine, max(1, self.workers - each * (count - 1)))
+            except InitializerError as exc:
+                own = exc
+                self.stop.set()  # the children stop too
+            except BaseException:
+                self.stop.set()
+                raise
+            finally:
+                relay.join()
+        failures = [e for e in (own, *(child.error for child in children)) if e is not None]
+        if failures:  # the real failure first, the Interrupted it caused elsewhere after it
+            raise next((e for e in failures if not isinstance(e, Interrupted)), failures[0])
+        for child in children:
+            committed.update(child.result or {})
+        return committed
+
+    def _run_child(
+        self, jobs: list[FileJob], workers: int, progress: processes.ForwardedProgress
+    ) -> dict[str, FileRecord]:
+        """A forked child's whole life: its share of the files, progress sent to the parent."""
+        self._progress = progress  # type: ignore[assignment]
+        return self._run_jobs(jobs, workers)
+
+    def _run_jobs(self, jobs: list[FileJob], workers: int) -> dict[str, FileRecord]:
         committed: dict[str, FileRecord] = {}
         lock = threading.Lock()
 
@@ -465,11 +515,11 @@ class Engine:
                 finish(job)
 
         try:
-            with ThreadPoolExecutor(self.workers, thread_name_prefix="fetch") as pool:
+            with ThreadPoolExecutor(workers, thread_name_prefix="fetch") as pool:
                 futures = [pool.submit(finish, job) for job in jobs if not job.ranges]
                 futures.extend(
                     pool.submit(run_range, job, s, e)
-                    for job, (s, e) in _interleaved(jobs, max(1, self.workers // 2))
+                    for job, (s, e) in _interleaved(jobs, max(1, workers // 2))
                 )
                 done, _ = wait(futures, return_when=FIRST_EXCEPTION)
                 if any(f.exception() for f in done):

@@ -65,8 +65,13 @@ class Progress:
             self._fetched += n
 
     def file_done(self) -> None:
+        self.add_counts(0, 1)
+
+    def add_counts(self, fetched: int, files: int) -> None:
+        """Bytes fetched and files done elsewhere (a worker process), in one step."""
         with self._lock:
-            self._files_done += 1
+            self._fetched += fetched
+            self._files_done += files
 
     def snapshot(self) -> Snapshot:
         with self._lock:

@@ -295,6 +295,7 @@ class S3Source(Source):
 
     def close(self) -> None:
         self._transport.close()
+        self._client.close()  # boto3 opens a new pool if the client is used again
 
     # -- errors ---------------------------------------------------------------------------------
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import logging
 import math
 import os
 import signal
@@ -26,11 +25,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, Pipe, wait
+from pathlib import Path
 from typing import Any
 
 from initializers.errors import ExitCode, InitializerError
-
-log = logging.getLogger(__name__)
 
 FILES_PER_PROCESS = 64  # fewer single-range files than this per process: threads suffice
 MAX_PROCESSES = 4
@@ -46,7 +44,7 @@ def usable_cpus() -> int:
         return 1
     cpus = len(os.sched_getaffinity(0))
     with contextlib.suppress(OSError, ValueError):
-        quota, period = open("/sys/fs/cgroup/cpu.max").read().split()[:2]  # noqa: SIM115
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
         if quota != "max":
             cpus = min(cpus, max(1, math.ceil(int(quota) / int(period))))
     return cpus

@@ -19,6 +19,7 @@ import contextlib
 import ctypes
 import math
 import os
+import pickle
 import signal
 import threading
 import time
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from initializers.errors import ExitCode, InitializerError
+from initializers.transport import interrupt_reads
 
 FILES_PER_PROCESS = 64  # fewer single-range files than this per process: threads suffice
 MAX_PROCESSES = 4
@@ -79,15 +81,16 @@ class ForwardedProgress:
 
     def flush(self) -> None:
         with self._lock:
-            self._conn.send(("progress", self._bytes, self._files))
-            self._bytes = self._files = 0
-            self._sent = time.monotonic()
+            self._send()
 
     def _flush_if_due(self) -> None:
         if self._bytes >= FLUSH_BYTES or time.monotonic() - self._sent >= FLUSH_SECONDS:
-            self._conn.send(("progress", self._bytes, self._files))
-            self._bytes = self._files = 0
-            self._sent = time.monotonic()
+            self._send()
+
+    def _send(self) -> None:
+        self._conn.send(("progress", self._bytes, self._files))
+        self._bytes = self._files = 0
+        self._sent = time.monotonic()
 
 
 @dataclass
@@ -96,6 +99,7 @@ class Child:
     conn: Connection
     result: dict[str, Any] | None = None
     error: BaseException | None = None
+    status: int | None = None  # from waitpid, once reaped
 
 
 def fork(work: Callable[[ForwardedProgress], dict[str, Any]], stop: threading.Event) -> Child:
@@ -129,16 +133,12 @@ def fork(work: Callable[[ForwardedProgress], dict[str, Any]], stop: threading.Ev
 
 
 def _stop_child(stop: threading.Event) -> None:
-    from initializers.transport import interrupt_reads  # imported by the fetch already
-
     stop.set()
     interrupt_reads()
 
 
 def _portable(exc: BaseException) -> BaseException:
     """``exc`` if the parent can rebuild it from a pickle, else a plain InitializerError."""
-    import pickle
-
     try:
         pickle.loads(pickle.dumps(exc))
         return exc
@@ -153,8 +153,9 @@ def gather(
 ) -> None:
     """Relay the children's progress until each has sent its result or error and exited.
 
-    A child that fails sets ``stop``, so the parent's own workers end too; once ``stop`` is set
-    (that failure, the parent's own, or a signal) every child still running gets SIGTERM.
+    A child that fails sets ``stop`` and cuts the parent's reads, so the parent's own workers
+    end at once too; once ``stop`` is set (that failure, the parent's own, or a signal) every
+    child still running gets SIGTERM.
     """
     waiting = {child.conn: child for child in children}
     signalled = False
@@ -168,12 +169,14 @@ def gather(
             child = waiting[conn]  # type: ignore[index]
             try:
                 message = conn.recv()  # type: ignore[union-attr]
-            except (EOFError, OSError):
+            except (EOFError, OSError):  # the child has exited
+                _reap(child)
                 if child.result is None and child.error is None:
                     child.error = InitializerError(
-                        "a worker process ended without reporting (killed?); rerun to resume"
+                        f"a worker process {_describe(child.status)} before reporting "
+                        "(out of memory?); rerun to resume (finished files are kept)"
                     )
-                    stop.set()
+                    _stop_parent(stop)
                 del waiting[conn]  # type: ignore[arg-type]
                 continue
             if message[0] == "progress":
@@ -182,7 +185,25 @@ def gather(
                 child.result = message[1]
             else:
                 child.error = message[1]
-                stop.set()
+                _stop_parent(stop)
     for child in children:
-        os.waitpid(child.pid, 0)
+        _reap(child)
         child.conn.close()
+
+
+def _stop_parent(stop: threading.Event) -> None:
+    """A child failed: the parent's own workers stop too, without waiting out a slow read."""
+    stop.set()
+    interrupt_reads()
+
+
+def _reap(child: Child) -> None:
+    if child.status is None:
+        child.status = os.waitpid(child.pid, 0)[1]
+
+
+def _describe(status: int | None) -> str:
+    if status is not None and os.WIFSIGNALED(status):
+        return f"was killed by {signal.Signals(os.WTERMSIG(status)).name}"
+    code = os.WEXITSTATUS(status) if status is not None else "?"
+    return f"exited with code {code}"

@@ -145,6 +145,34 @@ def test_stopping_the_parent_mid_fetch_leaves_no_worker_process_and_the_rerun_co
     FIGURES[f"{how}s of a multi-process fetch survived"] += 1
 
 
+@needs_two_cpus
+def test_a_worker_process_killed_mid_fetch_fails_the_run_with_one_line_naming_the_signal(
+    bucket, s3_endpoint, proxies, launch, run_initializer, tmp_path
+):
+    files = dataset(59, FILES)
+    fill(bucket, "d", files)
+    proxy = proxies(s3_endpoint)
+    out = tmp_path / "out"
+    env = s3_env(bucket, proxy.url, "d", out, WORKERS="8")
+    live = launch("dataset", env=env)
+    live.wait_for(": fetching ")
+    proxy.hold(is_object_get)  # everyone waits on a request: the kill lands mid-fetch
+    proxy.wait_parked(1)
+    children = [pid for pid in processes_writing_to(out) if pid != live.proc.pid]
+    assert children, "no worker process to kill"
+    os.kill(children[0], signal.SIGKILL)  # what the kernel's OOM killer does
+    code = live.finish(timeout=30)
+    proxy.release()
+
+    assert code == 1, live.stderr
+    assert "a worker process was killed by SIGKILL before reporting" in live.stderr
+    assert "rerun to resume" in live.stderr and "Traceback" not in live.stderr
+    assert wait_until_gone(out) == []
+    rerun = run_initializer("dataset", env=env)
+    assert rerun.code == 0, rerun.output
+    assert_identical(out, files)
+
+
 def test_a_few_files_are_fetched_by_threads_alone(bucket, s3_endpoint, run_initializer, tmp_path):
     few = dataset(53, {f"f-{i}.txt": 100 + i for i in range(processes.FILES_PER_PROCESS)})
     fill(bucket, "d", few)

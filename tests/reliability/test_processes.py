@@ -171,6 +171,7 @@ def test_a_worker_process_killed_mid_fetch_fails_the_run_with_one_line_naming_th
     rerun = run_initializer("dataset", env=env)
     assert rerun.code == 0, rerun.output
     assert_identical(out, files)
+    FIGURES["SIGKILLs of a worker process survived"] += 1
 
 
 def test_a_few_files_are_fetched_by_threads_alone(bucket, s3_endpoint, run_initializer, tmp_path):

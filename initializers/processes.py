@@ -117,8 +117,8 @@ def fork(work: Callable[[ForwardedProgress], dict[str, Any]], stop: threading.Ev
         receive.close()
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        signal.signal(signal.SIGTERM, lambda *_: _stop_child(stop))
-        signal.signal(signal.SIGINT, lambda *_: _stop_child(stop))
+        signal.signal(signal.SIGTERM, lambda *_: _stop_now(stop))
+        signal.signal(signal.SIGINT, lambda *_: _stop_now(stop))
         progress = ForwardedProgress(send)
         result = work(progress)
         progress.flush()
@@ -132,7 +132,9 @@ def fork(work: Callable[[ForwardedProgress], dict[str, Any]], stop: threading.Ev
         os._exit(code)
 
 
-def _stop_child(stop: threading.Event) -> None:
+def _stop_now(stop: threading.Event) -> None:
+    """Stop this process's workers without waiting out a slow read: on SIGTERM in a child, and
+    in the parent when a child failed."""
     stop.set()
     interrupt_reads()
 
@@ -176,7 +178,7 @@ def gather(
                         f"a worker process {_describe(child.status)} before reporting "
                         "(out of memory?); rerun to resume (finished files are kept)"
                     )
-                    _stop_parent(stop)
+                    _stop_now(stop)
                 del waiting[conn]  # type: ignore[arg-type]
                 continue
             if message[0] == "progress":
@@ -185,16 +187,10 @@ def gather(
                 child.result = message[1]
             else:
                 child.error = message[1]
-                _stop_parent(stop)
+                _stop_now(stop)
     for child in children:
         _reap(child)
         child.conn.close()
-
-
-def _stop_parent(stop: threading.Event) -> None:
-    """A child failed: the parent's own workers stop too, without waiting out a slow read."""
-    stop.set()
-    interrupt_reads()
 
 
 def _reap(child: Child) -> None:

@@ -62,6 +62,19 @@ def wait_until_gone(out: Path, seconds: float = 5.0) -> list[int]:
     return left
 
 
+def start_fetch(seed, bucket, s3_endpoint, proxies, launch, tmp_path):
+    """The CLI started on seeded FILES through a fault-free proxy, once it logs its plan:
+    ``(files, proxy, out, env, live)``."""
+    files = dataset(seed, FILES)
+    fill(bucket, "d", files)
+    proxy = proxies(s3_endpoint)
+    out = tmp_path / "out"
+    env = s3_env(bucket, proxy.url, "d", out, WORKERS="8")
+    live = launch("dataset", env=env)
+    live.wait_for(": fetching ")
+    return files, proxy, out, env, live
+
+
 @needs_two_cpus
 def test_many_small_files_are_shared_by_worker_processes_through_faults_and_come_out_whole(
     stable_bucket, s3_endpoint, proxies, run_initializer, tmp_path
@@ -117,13 +130,7 @@ def test_a_refusal_met_in_either_share_ends_the_run_with_exit_3_and_one_clear_li
 def test_stopping_the_parent_mid_fetch_leaves_no_worker_process_and_the_rerun_completes(
     how, bucket, s3_endpoint, proxies, launch, run_initializer, tmp_path
 ):
-    files = dataset(47, FILES)
-    fill(bucket, "d", files)
-    proxy = proxies(s3_endpoint)
-    out = tmp_path / "out"
-    env = s3_env(bucket, proxy.url, "d", out, WORKERS="8")
-    live = launch("dataset", env=env)
-    live.wait_for(": fetching ")
+    files, proxy, out, env, live = start_fetch(47, bucket, s3_endpoint, proxies, launch, tmp_path)
     while proxy.body_bytes < 8 * MIB:  # well into the fetch, children included
         time.sleep(0.01)
     assert len(processes_writing_to(out)) == PROCESSES  # the parent and its children
@@ -149,13 +156,7 @@ def test_stopping_the_parent_mid_fetch_leaves_no_worker_process_and_the_rerun_co
 def test_a_worker_process_killed_mid_fetch_fails_the_run_with_one_line_naming_the_signal(
     bucket, s3_endpoint, proxies, launch, run_initializer, tmp_path
 ):
-    files = dataset(59, FILES)
-    fill(bucket, "d", files)
-    proxy = proxies(s3_endpoint)
-    out = tmp_path / "out"
-    env = s3_env(bucket, proxy.url, "d", out, WORKERS="8")
-    live = launch("dataset", env=env)
-    live.wait_for(": fetching ")
+    files, proxy, out, env, live = start_fetch(59, bucket, s3_endpoint, proxies, launch, tmp_path)
     proxy.hold(is_object_get)  # everyone waits on a request: the kill lands mid-fetch
     proxy.wait_parked(1)
     children = [pid for pid in processes_writing_to(out) if pid != live.proc.pid]

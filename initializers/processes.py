@@ -37,6 +37,7 @@ MAX_PROCESSES = 4
 FLUSH_BYTES = 16 << 20  # a child forwards progress after this many bytes...
 FLUSH_SECONDS = 0.5  # ...or this long, whichever comes first
 _PR_SET_PDEATHSIG = 1
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def usable_cpus() -> int:
@@ -108,8 +109,17 @@ def fork(work: Callable[[ForwardedProgress], dict[str, Any]], stop: threading.Ev
     Call with no other thread of this process running: a fork copies only the calling thread.
     """
     receive, send = Pipe(duplex=False)
-    pid = os.fork()
+    # Held until the child has its own handlers, so a stop in between reaches it, not the copy
+    # of the parent's handler it starts with; the parent takes its own stop right after the fork.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    parent = os.getpid()
+    try:
+        pid = os.fork()
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        raise
     if pid:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         send.close()
         return Child(pid, receive)
     code = ExitCode.UNEXPECTED
@@ -117,8 +127,11 @@ def fork(work: Callable[[ForwardedProgress], dict[str, Any]], stop: threading.Ev
         receive.close()
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        signal.signal(signal.SIGTERM, lambda *_: _stop_now(stop))
-        signal.signal(signal.SIGINT, lambda *_: _stop_now(stop))
+        if os.getppid() != parent:  # the parent died before PDEATHSIG was armed: no one to tell
+            os._exit(ExitCode.INTERRUPTED)
+        for signum in _STOP_SIGNALS:
+            signal.signal(signum, lambda *_: _stop_now(stop))
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         progress = ForwardedProgress(send)
         result = work(progress)
         progress.flush()

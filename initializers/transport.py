@@ -51,6 +51,10 @@ CONNECT_TIMEOUT = 10.0
 # over on Connection: close) still reads from it, so sockets are kept until really closed.
 _SOCKETS: dict[int, socket.socket] = {}
 _SOCKETS_LOCK = threading.Lock()
+# Set by the first interrupt_reads(), never cleared: a stop is final, so a connection opened
+# after it (by a worker that checked the stop flag just before the signal came) is cut as soon
+# as it connects. A plain flag: the signal handler that sets it must take no lock.
+_interrupted = False
 
 
 def _remember(sock: socket.socket) -> None:
@@ -59,6 +63,14 @@ def _remember(sock: socket.socket) -> None:
             if old.fileno() == -1:  # closed for good
                 del _SOCKETS[key]
         _SOCKETS[id(sock)] = sock
+    # After registering: either interrupt_reads() sees this socket or this sees its flag.
+    if _interrupted:
+        _cut(sock)
+
+
+def _cut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
 
 class _RemembersItsSocket:
@@ -96,11 +108,13 @@ def interrupt_reads() -> None:
     Called from the SIGTERM handler after the engine's stop flag is set: without it a worker
     stuck in a stalled read would only notice the stop when the read timed out (60 s by
     default, longer than a pod's grace period). It takes no lock (copying the dict is one C
-    call under the GIL), and shuts the socket itself down, under any TLS layer.
+    call under the GIL), and shuts the socket itself down, under any TLS layer. Connections
+    opened afterwards are cut as they connect.
     """
+    global _interrupted
+    _interrupted = True
     for sock in list(_SOCKETS.values()):
-        with contextlib.suppress(OSError):
-            socket.socket.shutdown(sock, socket.SHUT_RDWR)
+        _cut(sock)
 
 
 class HttpTransport:

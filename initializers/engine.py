@@ -397,8 +397,8 @@ class Engine:
         outcome.bytes_fetched = self._progress.snapshot().bytes_fetched
         kept.update(committed)
 
-        for folder in {(self.dest / p).parent for p in committed}:
-            fsync_dir(folder)
+        for folder in {os.path.dirname(path) for path in committed}:  # str: 2,000 Paths cost ~10 ms
+            fsync_dir(self.dest / folder)
         manifest = Manifest(source=source_uri, revision=revision, files=kept)
         try:
             write_manifest(self.dest, manifest)

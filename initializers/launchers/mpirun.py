@@ -51,7 +51,7 @@ examples:
 """
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = new_parser(PROG, DESCRIPTION, EPILOG)
     add = parser.add_argument
     add(
@@ -106,7 +106,7 @@ def describe(
 
 
 def _body(argv: list[str] | None) -> int:
-    parsed = _parser().parse_args(argv)
+    parsed = build_parser().parse_args(argv)
     env = os.environ
     command = user_command(parsed, PROG, "program")
     waits = config.wait_settings(parsed, env)

@@ -8,6 +8,7 @@ assets and (on non-zero ranks) for the master, prints the topology, then execs t
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
 import shutil
@@ -144,7 +145,7 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
-def _body(argv: list[str] | None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = new_parser(PROG, DESCRIPTION, EPILOG)
     parser.add_argument(
         "--torchrun",
@@ -152,7 +153,11 @@ def _body(argv: list[str] | None) -> int:
         help="the torchrun to exec (KF_TORCHRUN; default: torchrun on PATH, else "
         "python -m torch.distributed.run)",
     )
-    parsed = parser.parse_args(argv)
+    return parser
+
+
+def _body(argv: list[str] | None) -> int:
+    parsed = build_parser().parse_args(argv)
     env = os.environ
     command = user_command(parsed, PROG, "script")
     waits = config.wait_settings(parsed, env)

@@ -10,6 +10,7 @@ from pathlib import PurePosixPath
 
 import pytest
 
+from initializers.launchers import mpirun, torchrun
 from tests.runtimes import dockerfiles, manifests, pods, render
 
 OUR_PREFIX = "ghcr.io/kubeflow-initializers/"
@@ -20,10 +21,13 @@ DOCUMENTED_PUBLIC = {
         {"tune"},
     ),
 }
-SHIM_FLAGS_WITH_VALUE = {
-    "--require", "--wait-timeout", "--peer-timeout", "--torchrun", "--hostfile", "--np",
-    "--ssh-port", "--ssh-key", "--mpirun", "--mpi",
-}  # fmt: skip
+SHIM_FLAGS_WITH_VALUE = {  # what the shims' own parsers say, so a new flag cannot be missed
+    option
+    for parser in (torchrun.build_parser(), mpirun.build_parser())
+    for action in parser._actions
+    if action.option_strings and action.nargs != 0
+    for option in action.option_strings
+}
 # Trainer images being written in another issue: until their folder exists, their checks skip
 # with this reason; once it exists every check below runs in full.
 PENDING_IMAGES = {

@@ -73,7 +73,9 @@ def test_dataset_repo_by_explicit_type(hub, run_initializer, tmp_path):
     assert tree(tmp_path) == files
 
 
-def test_a_sub_path_fetches_only_that_folder(hub, run_initializer, tmp_path):
+def test_a_sub_path_fetches_only_that_folder_at_its_place_in_the_repo(
+    hub, run_initializer, tmp_path
+):
     hub.add_repo(
         "org/multi",
         {
@@ -85,17 +87,21 @@ def test_a_sub_path_fetches_only_that_folder(hub, run_initializer, tmp_path):
     )
     result = run_initializer("dataset", env=hf_env(hub, "hf://models/org/multi/a", tmp_path))
     assert result.code == 0, result.output
-    assert tree(tmp_path) == {"config.json": b"a", "deep/x.json": b"x"}
+    assert tree(tmp_path) == {"a/config.json": b"a", "a/deep/x.json": b"x"}
+    assert sorted(manifest(tmp_path)["files"]) == ["a/config.json", "a/deep/x.json"]
 
 
-def test_a_sub_path_naming_one_file_fetches_that_file(hub, run_initializer, tmp_path):
+def test_a_sub_path_naming_one_file_fetches_that_file_at_its_place_in_the_repo(
+    hub, run_initializer, tmp_path
+):
     hub.add_repo(
         "org/ds", {"data/train.jsonl": b"t\n", "data/test.jsonl": b"e\n"}, repo_type="dataset"
     )
     uri = "hf://datasets/org/ds/data/train.jsonl"
     result = run_initializer("dataset", env=hf_env(hub, uri, tmp_path))
     assert result.code == 0, result.output
-    assert tree(tmp_path) == {"train.jsonl": b"t\n"}
+    # Where the Kubeflow SDK's TorchTune trainer looks: dataset.data_files=<output>/<sub-path>.
+    assert tree(tmp_path) == {"data/train.jsonl": b"t\n"}
 
 
 def test_revision_in_the_uri_pins_a_tag(hub, run_initializer, tmp_path):

@@ -125,12 +125,12 @@ class HfSource(Source):
         self._gated = bool(getattr(info, "gated", False))
         entries = self._entries()
         files, skipped = [], []
+        # Every file keeps its path in the repository, sub-path or not: upstream downloads the
+        # whole repo with its layout, and the Kubeflow SDK's TorchTune trainer then reads
+        # /workspace/dataset/<sub-path> (as `hf download --include` lays it out too).
         for entry in entries:
-            relative = entry.path[len(self.path) + 1 :] if self.path else entry.path
-            if not relative:  # the URI named this very file
-                relative = entry.path.rsplit("/", 1)[-1]
             try:
-                files.append(self._remote(safe_relpath(relative), entry))
+                files.append(self._remote(safe_relpath(entry.path), entry))
             except UnsafePathError as exc:
                 skipped.append((entry.path, str(exc)))
         if not files and not skipped:

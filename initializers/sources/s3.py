@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-_]{1,253}[a-z0-9]$")
 _MD5_ETAG = re.compile(r"^[0-9a-f]{32}$")
+# "-N" ends what was computed over an upload's N parts: a multipart ETag ("<md5 of the parts'
+# md5s>-N") and a composite checksum ("<base64 of the parts' checksums>-N").
+_PARTS_SUFFIX = re.compile(r"-\d+$")
 # S3 "additional checksums", in order of preference (full-object CRCs are cheapest to verify).
 _ADDITIONAL = (
     ("CRC64NVME", "s3-crc64nvme"),
@@ -219,7 +222,8 @@ class S3Source(Source):
                 files.append(self._remote(safe_relpath(relative), key, obj))
             except UnsafePathError as exc:
                 skipped.append((key, str(exc)))
-        # A composite checksum ("...-N", of the upload's parts) verifies nothing a HEAD could add.
+        # Listings name a checksum's algorithm, not its value: a HEAD may find the value later,
+        # unless the listing already says it is a composite of the parts (which verifies nothing).
         self._with_additional = {
             o["Key"]
             for o in objects
@@ -253,7 +257,7 @@ class S3Source(Source):
     def _remote(self, path: str, key: str, obj: Mapping[str, Any]) -> RemoteFile:
         etag = str(obj.get("ETag", "")).strip('"')
         checksum = Checksum("md5", etag) if _MD5_ETAG.match(etag) else None
-        additional = _additional_checksum(obj)
+        additional = full_object_checksum(obj)
         return RemoteFile(
             path=path,
             size=int(obj.get("Size", obj.get("ContentLength", 0))),
@@ -279,10 +283,10 @@ class S3Source(Source):
     def checksum_for(self, file: RemoteFile, headers: Mapping[str, str]) -> Checksum | None:
         """Prefer the object's additional checksum (from the GET, else one HEAD), then the
         ETag's MD5 — except with SSE-KMS or SSE-C, where the ETag is not the content's MD5."""
-        found = _additional_checksum(_checksum_headers(headers))
+        found = full_object_checksum(_checksum_headers(headers))
         if found is None and file.locator in self._with_additional:
             head = self._head_object(file.locator)
-            found = _additional_checksum(head) if head else None
+            found = full_object_checksum(head) if head else None
         if found is not None:
             return found
         sse = headers.get("x-amz-server-side-encryption", "")
@@ -414,22 +418,37 @@ def _host_header(url: SplitResult) -> str:
 
 
 def _checksum_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    """``x-amz-checksum-crc32: v`` response headers → ``{"ChecksumCRC32": v}`` (boto3's keys)."""
+    """A GET's response headers in botocore's HeadObject keys: ``x-amz-checksum-crc32: v`` →
+    ``{"ChecksumCRC32": v}``, plus ``ChecksumType`` and ``ETag``."""
     found = {}
     for field, _ in _ADDITIONAL:
         value = headers.get(f"x-amz-checksum-{field.lower()}")
         if value:
             found[f"Checksum{field}"] = value
-    if headers.get("x-amz-checksum-type", "").upper() == "COMPOSITE":
-        return {}
+    for key, header in (("ChecksumType", "x-amz-checksum-type"), ("ETag", "etag")):
+        if headers.get(header):
+            found[key] = headers[header]
     return found
 
 
-def _additional_checksum(obj: Mapping[str, Any]) -> Checksum | None:
-    """The first full-object checksum we can compute, in order of preference."""
+def full_object_checksum(obj: Mapping[str, Any]) -> Checksum | None:
+    """The preferred checksum of ``obj`` (HeadObject's keys) that covers the whole object, or
+    None when no value is sure to.
+
+    S3-compatible servers disagree on how they mark a checksum of an upload's parts (moto's HEAD
+    drops both the ``-N`` and the type that its GET sends), so a value counts only when the server
+    says ``FULL_OBJECT``, or when the object is single-part (an ETag without ``-N``) and the value
+    has no ``-N`` either. Anything ambiguous falls back to what can be verified for sure.
+    """
+    kind = str(obj.get("ChecksumType") or "").upper()
+    if kind == "COMPOSITE":
+        return None
+    etag = str(obj.get("ETag") or "").strip('"')
+    single_part = bool(etag) and not _PARTS_SUFFIX.search(etag)
+    if kind != "FULL_OBJECT" and not single_part:
+        return None
     for field, algorithm in _ADDITIONAL:
-        value = obj.get(f"Checksum{field}")
-        # "-N" marks a composite of part checksums, which no digest of the file reproduces.
-        if value and "-" not in str(value) and checksums.is_supported(algorithm):
-            return Checksum(algorithm, str(value))
+        value = str(obj.get(f"Checksum{field}") or "")
+        if value and not _PARTS_SUFFIX.search(value) and checksums.is_supported(algorithm):
+            return Checksum(algorithm, value)
     return None

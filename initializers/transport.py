@@ -37,7 +37,7 @@ from initializers.errors import (
     TransientError,
     UsageError,
 )
-from initializers.sources.base import RangeReader
+from initializers.streams import RangeReader
 
 log = logging.getLogger(__name__)
 

@@ -8,10 +8,11 @@ retries, verification, commit and the manifest are the engine's.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
-from contextlib import AbstractContextManager
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Self
+
+from initializers.streams import RangeReader
 
 if TYPE_CHECKING:
     from initializers.config import Settings
@@ -46,23 +47,6 @@ class Listing:
     revision: str | None  # resolved commit (Hub); None where the source has no such notion
     files: list[RemoteFile]
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (raw name, why) refused
-
-
-class RangeReader(AbstractContextManager["RangeReader"]):
-    """An open response for bytes ``[start, end)`` of one file."""
-
-    headers: Mapping[str, str]  # looked up case-insensitively
-
-    @abstractmethod
-    def chunks(self) -> Iterator[memoryview]:
-        """Yield the body in chunks, each valid only until the next is asked for; raise
-        TransientError on a retryable failure."""
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    @abstractmethod
-    def close(self) -> None: ...
 
 
 class Source(ABC):

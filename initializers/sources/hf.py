@@ -32,7 +32,8 @@ from initializers.config import Settings
 from initializers.errors import AuthError, NotFoundError, TransientError, UsageError
 from initializers.fsutil import UnsafePathError, safe_relpath
 from initializers.retry import RetryPolicy
-from initializers.sources.base import Checksum, Listing, RangeReader, RemoteFile, Source
+from initializers.sources.base import Checksum, Listing, RemoteFile, Source
+from initializers.streams import RangeReader
 from initializers.transport import CONNECT_TIMEOUT, HttpTransport
 
 log = logging.getLogger(__name__)

@@ -32,8 +32,9 @@ from initializers.config import Settings
 from initializers.errors import AuthError, NotFoundError, TransientError, UsageError
 from initializers.fsutil import UnsafePathError, safe_relpath
 from initializers.retry import RetryPolicy
-from initializers.sources.base import Checksum, Listing, RangeReader, RemoteFile, Source
+from initializers.sources.base import Checksum, Listing, RemoteFile, Source
 from initializers.sources.s3sign import S3HeaderSigner
+from initializers.streams import RangeReader
 from initializers.transport import HttpTransport
 
 log = logging.getLogger(__name__)

@@ -129,13 +129,13 @@ OPTIONS: tuple[Option, ...] = (
         "allow_patterns",
         "--allow-patterns",
         ("ALLOW_PATTERNS",),
-        "comma-separated globs on the path relative to the URI; only matches are fetched",
+        "comma-separated globs on the path under --output; only matches are fetched",
     ),
     Option(
         "ignore_patterns",
         "--ignore-patterns",
         ("IGNORE_PATTERNS",),
-        "comma-separated globs on the relative path; matches are skipped",
+        "comma-separated globs on the path under --output; matches are skipped",
     ),
     Option("workers", "--workers", ("WORKERS",), "parallel requests (default 16)", _positive_int),
     Option(

@@ -1,6 +1,6 @@
 """``python -m benchmarks``: run the side-by-side benchmark and write its report.
 
-A complete run (scale 1, every contender and default scenario, at least 3 runs) writes
+A complete run (scale 1, every contender and default scenario, at least 5 rounds) writes
 ``docs/benchmarks.md`` and ``docs/benchmarks.png``; partial runs write theirs next to the results
 under ``.bench/results/`` unless ``--docs DIR`` says where.
 """
@@ -17,26 +17,35 @@ import sys
 from pathlib import Path
 
 from benchmarks import contenders as contenders_mod
-from benchmarks import harness, machine, report
+from benchmarks import harness, latency, machine, report
 from benchmarks.endpoints import Endpoints
 from benchmarks.fixtures import load_or_generate
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+MIN_COMPLETE_ROUNDS = 5
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     p.add_argument("--scale", type=float, default=1.0, help="fixture size factor (1 = 2 GiB model)")
-    p.add_argument("--runs", type=int, default=3, help="measured runs per contender and scenario")
+    p.add_argument(
+        "--rounds", "--runs", dest="rounds", type=int, default=MIN_COMPLETE_ROUNDS,
+        help="rounds per scenario: in each, ours and every peer run back to back (order "
+        "alternating by round); warm and resume run every contender once per round",
+    )  # fmt: skip
     p.add_argument(
         "--only",
         help="contenders, comma-separated: " + ", ".join(c.name for c in contenders_mod.ALL),
     )
     p.add_argument(
         "--scenarios",
-        help="comma-separated <cold|warm|resume>-<s3|hf>-<model|dataset>, or a bare kind; "
-        "default: " + ",".join(harness.DEFAULT_SCENARIOS),
+        help=f"comma-separated <{'|'.join(harness.KINDS)}>-<s3|hf>-<model|dataset>, or a bare "
+        "kind; default: " + ",".join(harness.DEFAULT_SCENARIOS),
     )
+    p.add_argument(
+        "--latency-ms", type=float, default=latency.DEFAULT_DELAY_S * 1000,
+        help="latency scenarios: delay before each response's first byte (default %(default)g)",
+    )  # fmt: skip
     p.add_argument("--bench-dir", type=Path, default=REPO_ROOT / ".bench")
     p.add_argument("--docs", type=Path, help="write benchmarks.md/.png into this folder")
     p.add_argument("--report", type=Path, help="only re-render the report of a results JSON")
@@ -82,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"python -m benchmarks: {exc}", file=sys.stderr)
         return 2
 
+    if args.rounds < 1 or args.latency_ms <= 0:
+        print("python -m benchmarks: --rounds and --latency-ms must be positive", file=sys.stderr)
+        return 2
+    commit = machine.commit()  # the code measured: taken before ours is frozen below
     load = os.getloadavg()[0]
     if load > 1.0:
         print(f"warning: load average {load:.1f} on {os.cpu_count()} CPUs: other work is running; "
@@ -102,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     shutil.copytree(REPO_ROOT / "initializers", ours_src / "initializers",
                     ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
     compileall.compile_dir(ours_src, quiet=1)  # no contender pays for bytecode compilation
-    with Endpoints(fixture, bench / "endpoints") as endpoints:
+    latency_s = args.latency_ms / 1000
+    with Endpoints(fixture, bench / "endpoints", latency_s=latency_s) as endpoints:
         ctx = contenders_mod.Context(
             fixture, endpoints.s3_url, endpoints.hub_url, venv, kserve_venv, scratch, ours_src
         )
@@ -110,15 +124,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"S3 {endpoints.s3_url}  Hub {endpoints.hub_url}  results {out}", flush=True)
         try:
             for scenario in scenarios:
-                runner.run_scenario(scenario, chosen, args.runs)
+                runner.run_scenario(scenario, chosen, args.rounds)
         finally:
             meta = {
                 "command": shlex.join(
                     ["python", "-m", "benchmarks", *(sys.argv[1:] if argv is None else argv)]
                 ),
                 "date": dt.date.today().isoformat(),
+                "commit": commit,
                 "scale": args.scale,
-                "runs": args.runs,
+                "rounds": args.rounds,
+                "latency_s": latency_s,
                 "scenarios": scenarios,
                 "contenders": [c.name for c in chosen],
                 "assets": {
@@ -133,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     print(report.markdown(results))
     complete = (
         args.scale >= 1
-        and args.runs >= 3
+        and args.rounds >= MIN_COMPLETE_ROUNDS
+        and args.latency_ms == latency.DEFAULT_DELAY_S * 1000
         and len(chosen) == len(contenders_mod.ALL)
         and set(harness.DEFAULT_SCENARIOS) <= set(scenarios)
     )

@@ -24,11 +24,13 @@ HUB_REPOS = {"model": ("bench/model", "model"), "dataset": ("bench/dataset", "da
 
 @dataclass(frozen=True)
 class Task:
-    """What to fetch: from which endpoint ("s3" or "hf"), which asset, first run or a rerun."""
+    """What to fetch: from which endpoint ("s3" or "hf"), which asset, first run or a rerun, and
+    whether from the delayed endpoints (the latency scenarios)."""
 
     source: str
     asset: str
     rerun: bool = False
+    delayed: bool = False
 
 
 @dataclass
@@ -185,21 +187,39 @@ class KServe(Contender):
         return Invocation([*argv, str(dest)], env)
 
 
+def _hub_script(ctx: Context, script: str, task: Task, dest: Path) -> list[str]:
+    """argv of a Hub client script in clients/: the repo, and for the model the same globs."""
+    repo, kind = HUB_REPOS[task.asset]
+    argv = [
+        str(ctx.venv / "bin" / "python"), str(CLIENTS / script),
+        "--repo", repo, "--repo-type", kind, "--dest", str(dest),
+    ]  # fmt: skip
+    if task.asset == "model":
+        argv += [a for p in MODEL_ALLOW for a in ("--allow", p)]
+        argv += [a for p in MODEL_IGNORE for a in ("--ignore", p)]
+    return argv
+
+
 class HfSnapshot(Contender):
     name, label = "hf-snapshot", "huggingface_hub snapshot_download"
     sources = ("hf",)
     skips_complete = True  # 2.x downloads into a per-process temp file: partial files restart
 
     def command(self, ctx: Context, task: Task, dest: Path) -> Invocation:
-        repo, kind = HUB_REPOS[task.asset]
-        argv = [
-            str(ctx.venv / "bin" / "python"), str(CLIENTS / "hf_snapshot.py"),
-            "--repo", repo, "--repo-type", kind, "--dest", str(dest),
-        ]  # fmt: skip
-        if task.asset == "model":
-            argv += [a for p in MODEL_ALLOW for a in ("--allow", p)]
-            argv += [a for p in MODEL_IGNORE for a in ("--ignore", p)]
-        return Invocation(argv)
+        return Invocation(_hub_script(ctx, "hf_snapshot.py", task, dest))
+
+
+class HfObstore(Contender):
+    """The naive script a user would write: ``HfApi`` lists, obstore fetches every ``resolve``."""
+
+    name, label = "hf-obstore", "HfApi listing + obstore (naive script)"
+    sources = ("hf",)
+
+    def applies(self, task: Task) -> bool:
+        return super().applies(task) and not task.rerun
+
+    def command(self, ctx: Context, task: Task, dest: Path) -> Invocation:
+        return Invocation(_hub_script(ctx, "hf_obstore.py", task, dest))
 
 
 class Curl8(Contender):
@@ -247,14 +267,17 @@ class Curl8(Contender):
 
 
 class DiskCopy(Contender):
-    """Reference: ``cp`` of the same files from the fixture folder (page cache to disk)."""
+    """Reference: ``cp`` of the same files from the fixture folder (page cache to disk).
+
+    Not in the latency scenarios: it makes no request, so it has nothing to wait for.
+    """
 
     name, label = "disk-copy", "cp from local disk (reference)"
     sources = ("s3", "hf")
     reference = True
 
     def applies(self, task: Task) -> bool:
-        return super().applies(task) and not task.rerun
+        return super().applies(task) and not task.rerun and not task.delayed
 
     def command(self, ctx: Context, task: Task, dest: Path) -> Invocation:
         listing = ctx.scratch / "copy-list.txt"
@@ -274,6 +297,7 @@ ALL: tuple[Contender, ...] = (
     KubeflowS3(),
     KServe(),
     HfSnapshot(),
+    HfObstore(),
     Curl8(),
     DiskCopy(),
 )

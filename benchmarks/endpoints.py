@@ -3,9 +3,11 @@
 One nginx, three ports: the S3 port serves objects from disk and sends listings to
 :mod:`benchmarks.s3api`; the Hub port proxies the API and ``resolve`` to the project's test Hub
 (:mod:`benchmarks.hubendpoint`); the CDN port serves from disk the LFS files the Hub redirects to
-(another origin, as huggingface_hub expects). Every request
-on either port lands in one access log, so the bytes a client pulled in a run are counted the
-same way for every contender.
+(another origin, as huggingface_hub expects). The same three again on other ports with the
+latency option (:mod:`benchmarks.latency`): every response waits ``latency_s`` before its first
+byte, and the delayed Hub's redirects point at the delayed CDN. Every request on any port lands
+in one access log (:mod:`benchmarks.accesslog`), so the bytes a client pulled in a run, and when
+its first data GET arrived, are counted the same way for every contender.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks import accesslog, latency
 from benchmarks.fixtures import Fixture
 from benchmarks.hubendpoint import nginx_cdn_location
 from benchmarks.nginx import Nginx, free_port
-from benchmarks.s3endpoint import s3_http_body, start_s3api
+from benchmarks.s3endpoint import s3_http_shared, s3_server, start_s3api
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,29 +33,73 @@ class Traffic:
     """What an endpoint served between two points of the access log.
 
     ``data_bytes`` counts file bodies only (S3 object GETs, Hub ``resolve`` and CDN GETs), not
-    listings or API answers.
+    listings or API answers; ``first_data_get`` is when the first of those GETs arrived (epoch
+    seconds), None when there was none.
     """
 
     requests: int = 0
     bytes: int = 0
     data_bytes: int = 0
+    first_data_get: float | None = None
+
+
+@dataclass(frozen=True)
+class Port:
+    """One nginx port: which endpoint it belongs to ("s3" or "hub"), its role, its delay."""
+
+    number: int
+    endpoint: str
+    role: str  # accesslog.ROLES
+    delayed: bool
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.number}"
 
 
 class Endpoints:
-    """S3 at ``s3_url`` and a Hub at ``hub_url`` over ``fixture``; use as a context manager."""
+    """S3 at ``s3_url`` and a Hub at ``hub_url`` over ``fixture``; use as a context manager.
 
-    def __init__(self, fixture: Fixture, run_dir: Path) -> None:
+    With ``latency_s`` > 0 (the default) the same endpoints also answer, delayed, at
+    ``latency_s3_url`` and ``latency_hub_url`` (whose CDN is ``latency_cdn_url``).
+    """
+
+    def __init__(
+        self, fixture: Fixture, run_dir: Path, latency_s: float = latency.DEFAULT_DELAY_S
+    ) -> None:
         self.fixture = fixture
         self.run_dir = run_dir.resolve()
-        self.s3_port, self.s3api_port = free_port(), free_port()
-        self.hub_port, self.cdn_port = free_port(), free_port()
-        self.s3_url = f"http://127.0.0.1:{self.s3_port}"
-        self.hub_url = f"http://127.0.0.1:{self.hub_port}"
+        self.latency_s = latency_s
+        self.s3api_port = free_port()
+        layout = (("s3", "s3"), ("hub", "hub"), ("hub", "cdn"))
+        delays = (False, True) if latency_s > 0 else (False,)
+        self.ports: dict[int, Port] = {}
+        for delayed in delays:
+            for endpoint, role in layout:
+                port = Port(free_port(), endpoint, role, delayed)
+                self.ports[port.number] = port
+        self.s3_port = self._port("s3").number
+        self.hub_port = self._port("hub").number
         # The Hub's CDN is another origin (port), as huggingface_hub expects of a real Hub.
-        self.cdn_url = f"http://127.0.0.1:{self.cdn_port}"
+        self.cdn_port = self._port("cdn").number
+        self.s3_url, self.hub_url = self.urls(delayed=False)
+        self.cdn_url = self._port("cdn").url
+        self.latency_s3_url = self.latency_hub_url = self.latency_cdn_url = ""
+        if latency_s > 0:
+            self.latency_s3_url, self.latency_hub_url = self.urls(delayed=True)
+            self.latency_cdn_url = self._port("cdn", delayed=True).url
         self.hub_api_url = ""  # the Python Hub listener itself, behind nginx
         self._procs: list[subprocess.Popen] = []
         self.nginx: Nginx | None = None
+
+    def _port(self, role: str, delayed: bool = False) -> Port:
+        return next(p for p in self.ports.values() if p.role == role and p.delayed == delayed)
+
+    def urls(self, delayed: bool) -> tuple[str, str]:
+        """(S3 URL, Hub URL) of the plain or the delayed endpoints."""
+        if delayed and self.latency_s <= 0:
+            raise ValueError("these endpoints were started without the latency option")
+        return self._port("s3", delayed).url, self._port("hub", delayed).url
 
     def __enter__(self) -> Endpoints:
         try:
@@ -66,34 +113,35 @@ class Endpoints:
         self.stop()
 
     def start(self) -> None:
+        modules = latency.MODULES if self.latency_s > 0 else ()
+        missing = latency.missing_modules() if modules else []
+        if missing:
+            raise RuntimeError(
+                f"the latency option needs nginx's Lua module ({', '.join(map(str, missing))} "
+                "missing): run benchmarks/setup.sh"
+            )
         self.run_dir.mkdir(parents=True, exist_ok=True)
         for stale in ("access.log", "error.log"):
             (self.run_dir / stale).unlink(missing_ok=True)
         self._procs.append(start_s3api(self.fixture, self.s3api_port))
         lfs_dir = self.fixture.root / "hub-lfs"
         self.hub_api_url = self._start_hub(lfs_dir)
-        body = s3_http_body(self.fixture, self.run_dir, self.s3_port, self.s3api_port)
-        hub_upstream = self.hub_api_url.removeprefix("http://")
+        body = s3_http_shared(self.fixture, self.run_dir, self.s3api_port)
         body += f"""
-    upstream hubpy {{ server {hub_upstream}; keepalive 32; }}
-    server {{
-        listen 127.0.0.1:{self.cdn_port} backlog=4096;
-        {nginx_cdn_location(lfs_dir)}
-    }}
-    server {{
-        listen 127.0.0.1:{self.hub_port} backlog=4096;
-        location / {{
-            proxy_pass http://hubpy;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_set_header Host $http_host;
-            proxy_buffering off;
-            proxy_request_buffering off;
-        }}
-    }}
+    upstream hubpy {{ server {self.hub_api_url.removeprefix("http://")}; keepalive 32; }}
 """
-        self.nginx = Nginx(self.run_dir, body)
-        self.nginx.start([self.s3_port, self.hub_port, self.cdn_port])
+        for port in self.ports.values():
+            delay = latency.first_byte_delay(self.latency_s) if port.delayed else ""
+            if port.role == "s3":
+                body += s3_server(self.fixture, port.number, delay)
+            elif port.role == "cdn":
+                body += _cdn_server(port.number, lfs_dir, delay)
+            else:
+                # The Hub's redirects name the plain CDN; the delayed Hub's name the delayed one.
+                cdn = self._port("cdn", port.delayed).url
+                body += _hub_server(port.number, delay, redirect=(self.cdn_url, cdn))
+        self.nginx = Nginx(self.run_dir, body, modules=modules)
+        self.nginx.start(list(self.ports))
 
     def _start_hub(self, lfs_dir: Path) -> str:
         ready = self.run_dir / "hub-ready.json"
@@ -134,28 +182,57 @@ class Endpoints:
         self._procs.clear()
 
     # -- accounting ------------------------------------------------------------------------
+    @property
+    def access_log(self) -> Path:
+        return self.run_dir / "access.log"
+
     def log_position(self) -> int:
-        log = self.run_dir / "access.log"
+        log = self.access_log
         return log.stat().st_size if log.exists() else 0
 
     def traffic_since(self, position: int) -> dict[str, Traffic]:
-        """Requests and body bytes per endpoint ("s3", "hub") logged after ``position``."""
+        """Requests, body bytes and the first data GET per endpoint ("s3", "hub") after
+        ``position`` of the access log, plain and delayed ports together."""
         out = {"s3": Traffic(), "hub": Traffic()}
-        s3, hub, cdn = str(self.s3_port), str(self.hub_port), str(self.cdn_port)
-        with open(self.run_dir / "access.log", "rb") as f:
-            f.seek(position)
-            for line in f.read().decode(errors="replace").splitlines():
-                fields = line.split()  # msec port method uri status bytes
-                if len(fields) < 6 or fields[1] not in (s3, hub, cdn):
-                    continue
-                t = out["s3" if fields[1] == s3 else "hub"]
-                t.requests += 1
-                t.bytes += int(fields[5])
-                path = fields[3].split("?", 1)[0]
-                if fields[2] == "GET" and (
-                    fields[1] == cdn
-                    or (fields[1] == hub and "/resolve/" in path)
-                    or (fields[1] == s3 and path.count("/") >= 2 and not path.endswith("/"))
-                ):
-                    t.data_bytes += int(fields[5])
+        for entry in accesslog.read_since(self.access_log, position):
+            port = self.ports.get(entry.port)
+            if port is None:
+                continue
+            t = out[port.endpoint]
+            t.requests += 1
+            t.bytes += entry.body_bytes
+            if accesslog.is_data_get(entry, port.role):
+                t.data_bytes += entry.body_bytes
+                if t.first_data_get is None or entry.arrived < t.first_data_get:
+                    t.first_data_get = entry.arrived
         return out
+
+
+def _cdn_server(port: int, lfs_dir: Path, extra: str) -> str:
+    return f"""
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        {extra}
+        {nginx_cdn_location(lfs_dir)}
+    }}
+"""
+
+
+def _hub_server(port: int, extra: str, redirect: tuple[str, str]) -> str:
+    plain, served = redirect
+    rewrite = f"proxy_redirect {plain}/ {served}/;" if served != plain else ""
+    return f"""
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        {extra}
+        location / {{
+            proxy_pass http://hubpy;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Host $http_host;
+            proxy_buffering off;
+            proxy_request_buffering off;
+            {rewrite}
+        }}
+    }}
+"""

@@ -1,12 +1,17 @@
-"""Run the scenarios: contenders interleaved (A B C, B C A, ...), each run measured and checked.
+"""Run the scenarios in paired rounds (:mod:`benchmarks.schedule`), each run measured and checked.
 
-Scenarios are ``<kind>-<source>-<asset>``: kind ``cold`` (empty destination), ``warm`` (rerun
-into the complete destination the contender itself left), ``resume`` (SIGKILL at about half the
-bytes written, then rerun); source ``s3`` or ``hf``; asset ``model`` or ``dataset``.
+Scenarios are ``<kind>-<source>-<asset>``: kind ``cold`` (empty destination), ``latency`` (the
+same against the endpoints that wait before every response's first byte, see
+:mod:`benchmarks.latency`), ``warm`` (rerun into the complete destination the contender itself
+left), ``resume`` (SIGKILL at about half the bytes written, then rerun); source ``s3`` or ``hf``;
+asset ``model`` or ``dataset``. ``cold`` and ``latency`` run ours and each peer back to back,
+the order alternating; ``warm`` and ``resume`` (absolute figures) interleave the contenders.
+Every run also records the delay from its spawn to the arrival of its first data GET at nginx.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -14,14 +19,16 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from benchmarks import measure, verify
+from benchmarks import measure, schedule, verify
 from benchmarks.contenders import Contender, Context, Task, environment
-from benchmarks.endpoints import Endpoints
+from benchmarks.endpoints import Endpoints, Traffic
 
 MiB = 1 << 20
-KINDS = ("cold", "warm", "resume")
+KINDS = ("cold", "latency", "warm", "resume")
+PAIRED_KINDS = schedule.PAIRED_KINDS
 DEFAULT_SCENARIOS = (
     "cold-s3-model", "cold-s3-dataset", "cold-hf-model", "cold-hf-dataset",
+    "latency-s3-dataset", "latency-hf-dataset",
     "warm-s3-model", "warm-hf-model", "resume-s3-model", "resume-hf-model",
 )  # fmt: skip
 RESUME_AT = 0.5
@@ -33,7 +40,7 @@ class RunRecord:
 
     scenario: str
     contender: str
-    run: int
+    run: int  # the round
     wall_s: float
     cpu_s: float
     peak_rss_mib: float
@@ -44,6 +51,8 @@ class RunRecord:
     requests: int = 0
     killed_at: float | None = None  # resume: fraction of the asset written when killed
     log_tail: str = ""
+    pair: str | None = None  # paired kinds: the peer of the pair this run belongs to
+    first_get_s: float | None = None  # spawn to the first data GET's arrival at nginx
 
 
 def parse_scenarios(raw: str | None) -> list[str]:
@@ -59,15 +68,15 @@ def parse_scenarios(raw: str | None) -> list[str]:
         source, _, asset = rest.partition("-")
         if kind not in KINDS or source not in ("s3", "hf") or asset not in ("model", "dataset"):
             raise ValueError(
-                f"unknown scenario {item!r}; use <cold|warm|resume>-<s3|hf>-<model|dataset>"
+                f"unknown scenario {item!r}; use <{'|'.join(KINDS)}>-<s3|hf>-<model|dataset>"
             )
         out.append(item)
     return list(dict.fromkeys(out))
 
 
 def _task(scenario: str, rerun: bool = False) -> Task:
-    _kind, source, asset = scenario.split("-")
-    return Task(source, asset, rerun)
+    kind, source, asset = scenario.split("-")
+    return Task(source, asset, rerun, delayed=kind == "latency")
 
 
 class Harness:
@@ -89,90 +98,107 @@ class Harness:
             shutil.rmtree(hf_home)
         os.sync()  # the previous run's dirty pages are not this run's cost
 
+    def _context(self, task: Task) -> Context:
+        """The context of ``task``: the delayed endpoints' URLs for the latency scenarios."""
+        if not task.delayed:
+            return self.ctx
+        s3_url, hub_url = self.endpoints.urls(delayed=True)
+        return dataclasses.replace(self.ctx, s3_url=s3_url, hub_url=hub_url)
+
     def _invoke(
         self, contender: Contender, task: Task, dest: Path, tag: str, kill_after: int | None = None
-    ) -> tuple[measure.Measurement, int, int]:
-        inv = contender.command(self.ctx, task, dest)
+    ) -> tuple[measure.Measurement, Traffic]:
+        ctx = self._context(task)
+        inv = contender.command(ctx, task, dest)
         assert inv is not None
         position = self.endpoints.log_position()
         logfile = self.out / "logs" / f"{tag}.log"
         logfile.parent.mkdir(parents=True, exist_ok=True)
-        m = measure.run(
-            inv.argv, environment(self.ctx, inv), logfile, kill_after_written=kill_after
-        )
+        m = measure.run(inv.argv, environment(ctx, inv), logfile, kill_after_written=kill_after)
         time.sleep(0.05)  # nginx logs a request when it ends; give the last line a moment
         traffic = self.endpoints.traffic_since(position)[("s3" if task.source == "s3" else "hub")]
-        return m, traffic.data_bytes, traffic.requests
+        return m, traffic
 
     def _record(
-        self, scenario: str, contender: Contender, run: int, m: measure.Measurement,
-        dest: Path, data_bytes: int, requests: int, killed_at: float | None = None,
+        self, scenario: str, contender: Contender, slot: schedule.Slot, m: measure.Measurement,
+        dest: Path, traffic: Traffic, killed_at: float | None = None,
     ) -> RunRecord:  # fmt: skip
         asset = scenario.split("-")[2]
         problems = [] if m.returncode == 0 else [f"exit code {m.returncode}"]
         problems += verify.check(dest, self.ctx.fixture, asset)
+        first_get = (
+            None if traffic.first_data_get is None else traffic.first_data_get - m.started_at
+        )
         rec = RunRecord(
             scenario=scenario,
             contender=contender.name,
-            run=run,
+            run=slot.round,
             wall_s=round(m.wall_s, 4),
             cpu_s=round(m.cpu_s, 3),
             peak_rss_mib=round(m.peak_rss_mib, 1),
             returncode=m.returncode,
             ok=not problems,
             problems=problems,
-            data_bytes=data_bytes,
-            requests=requests,
+            data_bytes=traffic.data_bytes,
+            requests=traffic.requests,
             killed_at=killed_at,
             log_tail="" if not problems else m.log_tail[-1500:],
+            pair=slot.pair,
+            first_get_s=None if first_get is None else round(first_get, 4),
         )
         self.records.append(rec)
         expected = self.ctx.fixture.expected_bytes(asset)
         speed = expected / MiB / m.wall_s if m.wall_s else 0
         status = "ok" if rec.ok else "FAILED: " + "; ".join(problems)[:300]
         extra = f" killed at {killed_at:.0%}" if killed_at is not None else ""
+        ttfb = "   -  " if first_get is None else f"{first_get:6.3f}"
         self.log(
-            f"  {scenario:16} {contender.name:12} run {run}: {m.wall_s:7.2f} s "
-            f"{speed:7.0f} MiB/s  rss {m.peak_rss_mib:6.0f} MiB  cpu {m.cpu_s:6.1f} s  "
-            f"fetched {data_bytes / MiB:7.1f} MiB{extra}  {status}"
+            f"  {scenario:18} {contender.name:13} round {slot.round}: {m.wall_s:7.2f} s "
+            f"{speed:7.0f} MiB/s  1st GET {ttfb} s  rss {m.peak_rss_mib:6.0f} MiB  "
+            f"cpu {m.cpu_s:6.1f} s  fetched {traffic.data_bytes / MiB:7.1f} MiB{extra}  {status}"
         )
         return rec
 
     # -- scenarios -------------------------------------------------------------------------
-    def run_scenario(self, scenario: str, contenders: list[Contender], runs: int) -> None:
+    def run_scenario(self, scenario: str, contenders: list[Contender], rounds: int) -> None:
         kind = scenario.split("-")[0]
-        task = _task(scenario, rerun=kind != "cold")
-        playing = [c for c in contenders if c.applies(task)]
+        task = _task(scenario, rerun=kind in ("warm", "resume"))
+        playing = {c.name: c for c in contenders if c.applies(task)}
         if not playing:
             return
-        self.log(f"{scenario}: {', '.join(c.name for c in playing)}, {runs} run(s)")
+        names = list(playing)
+        paired = kind in PAIRED_KINDS
+        slots = schedule.paired(names, rounds) if paired else schedule.interleaved(names, rounds)
+        how = "paired with ours, order alternating" if paired else "interleaved"
+        self.log(f"{scenario}: {', '.join(names)}; {rounds} round(s), {how}")
         warm_ready: set[str] = set()
-        for run in range(runs):
-            shift = run % len(playing)
-            for contender in playing[shift:] + playing[:shift]:
-                tag = f"{scenario}-{contender.name}-{run}"
-                if kind == "cold":
-                    self._cold(scenario, contender, run, tag)
-                elif kind == "warm":
-                    self._warm(scenario, contender, run, tag, warm_ready)
-                else:
-                    self._resume(scenario, contender, run, tag)
+        for i, slot in enumerate(slots):
+            contender = playing[slot.contender]
+            tag = f"{scenario}-{i:03d}-r{slot.round}-{contender.name}"
+            if kind in PAIRED_KINDS:
+                self._cold(scenario, contender, slot, tag)
+            elif kind == "warm":
+                self._warm(scenario, contender, slot, tag, warm_ready)
+            else:
+                self._resume(scenario, contender, slot, tag)
         if kind == "warm":
-            for contender in playing:
-                self._clean(self.out / f"warm-{contender.name}")
+            for name in names:
+                self._clean(self.out / f"warm-{name}")
 
-    def _cold(self, scenario: str, contender: Contender, run: int, tag: str) -> None:
+    def _cold(self, scenario: str, contender: Contender, slot: schedule.Slot, tag: str) -> None:
         dest = self.out / "dest"
         self._clean(dest)
-        m, data, reqs = self._invoke(contender, _task(scenario), dest, tag)
-        self._record(scenario, contender, run, m, dest, data, reqs)
+        m, traffic = self._invoke(contender, _task(scenario), dest, tag)
+        self._record(scenario, contender, slot, m, dest, traffic)
         self._clean(dest)
 
-    def _warm(self, scenario: str, c: Contender, run: int, tag: str, ready: set[str]) -> None:
+    def _warm(
+        self, scenario: str, c: Contender, slot: schedule.Slot, tag: str, ready: set[str]
+    ) -> None:
         dest = self.out / f"warm-{c.name}"
         if c.name not in ready:
             self._clean(dest)
-            m, _, _ = self._invoke(c, _task(scenario), dest, tag + "-prep")
+            m, _ = self._invoke(c, _task(scenario), dest, tag + "-prep")
             problems = verify.check(dest, self.ctx.fixture, scenario.split("-")[2])
             if m.returncode or problems:
                 self.log(
@@ -181,20 +207,20 @@ class Harness:
                 return
             ready.add(c.name)
             os.sync()
-        m, data, reqs = self._invoke(c, _task(scenario, rerun=True), dest, tag)
-        self._record(scenario, c, run, m, dest, data, reqs)
+        m, traffic = self._invoke(c, _task(scenario, rerun=True), dest, tag)
+        self._record(scenario, c, slot, m, dest, traffic)
 
-    def _resume(self, scenario: str, contender: Contender, run: int, tag: str) -> None:
+    def _resume(self, scenario: str, contender: Contender, slot: schedule.Slot, tag: str) -> None:
         dest = self.out / "dest"
         self._clean(dest)
         total = self.ctx.fixture.expected_bytes(scenario.split("-")[2])
-        first, _, _ = self._invoke(
+        first, _ = self._invoke(
             contender, _task(scenario), dest, tag + "-killed", kill_after=int(total * RESUME_AT)
         )
         killed_at = first.written_at_kill / total if first.killed else 1.0
         os.sync()
-        m, data, reqs = self._invoke(contender, _task(scenario, rerun=True), dest, tag)
-        self._record(scenario, contender, run, m, dest, data, reqs, killed_at=killed_at)
+        m, traffic = self._invoke(contender, _task(scenario, rerun=True), dest, tag)
+        self._record(scenario, contender, slot, m, dest, traffic, killed_at=killed_at)
         self._clean(dest)
 
     def save(self, path: Path, meta: dict) -> None:

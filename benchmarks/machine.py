@@ -25,6 +25,27 @@ def _pkg(python: Path, name: str) -> str:
     return _first_line([str(python), "-c", code])
 
 
+def commit(repo: Path = REPO_ROOT) -> dict[str, object]:
+    """The commit measured: ``git rev-parse --short HEAD``, and whether the work tree differs
+    from it (``dirty``: any change ``git status`` shows, untracked files included)."""
+    short = _first_line(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"])
+    try:
+        status = subprocess.run(
+            ["git", "-C", str(repo), "status", "--porcelain"],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return {"id": short, "dirty": None}
+    return {"id": short, "dirty": bool(status.strip())}
+
+
+def describe_commit(info: dict[str, object]) -> str:
+    """``abc1234``, ``abc1234, dirty (uncommitted changes)`` or ``abc1234 (tree state unknown)``."""
+    if info.get("dirty") is None:
+        return f"{info.get('id', 'unknown')} (tree state unknown)"
+    return f"{info['id']}, dirty (uncommitted changes)" if info["dirty"] else str(info["id"])
+
+
 def describe(venv: Path, kserve_venv: Path) -> dict[str, object]:
     """Machine facts and versions, as plain strings for the report."""
     mem_kib = 0
@@ -39,8 +60,6 @@ def describe(venv: Path, kserve_venv: Path) -> dict[str, object]:
                 cpu = line.split(":", 1)[1].strip()
                 break
     py = venv / "bin" / "python"
-    commit = _first_line(["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"])
-    dirty = _first_line(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "initializers"])
     return {
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "cpus": os.cpu_count(),
@@ -50,8 +69,7 @@ def describe(venv: Path, kserve_venv: Path) -> dict[str, object]:
         "os": _first_line(["sh", "-c", ". /etc/os-release && echo $PRETTY_NAME"]),
         "python": _first_line([str(py), "--version"]),
         "versions": {
-            "kf-initializers": f"{_pkg(py, 'kf-initializers')} (git {commit}"
-            + (", uncommitted changes)" if dirty not in ("", "unknown") else ")"),
+            "kf-initializers": _pkg(py, "kf-initializers"),
             "nginx": _first_line(["nginx", "-v"]).removeprefix("nginx version: "),
             "s5cmd": _first_line([str(venv / "bin" / "s5cmd"), "version"]),
             "aws-cli": _first_line([str(venv / "bin" / "aws"), "--version"]).split(" Python")[0],
@@ -59,6 +77,7 @@ def describe(venv: Path, kserve_venv: Path) -> dict[str, object]:
             "s3transfer": _pkg(py, "s3transfer"),
             "huggingface_hub": _pkg(py, "huggingface_hub"),
             "opendal": _pkg(py, "opendal"),
+            "obstore": _pkg(py, "obstore"),
             "kserve-storage": _pkg(kserve_venv / "bin" / "python", "kserve-storage"),
             "curl": " ".join(_first_line(["curl", "--version"]).split()[:2]),
         },

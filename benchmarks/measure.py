@@ -6,12 +6,16 @@ started by ``/usr/bin/time``, a 2 MiB process, because a child's ``ru_maxrss`` o
 the RSS of whoever forked it (here, this harness). Contenders that fan out into processes
 (KServe's pool, eight curls) are also polled: the sum of PSS over the live tree, so shared
 copy-on-write pages are counted once. Peak memory is the larger of the two. Bytes written
-(``wchar`` of the tree) drive the kill of the resume scenario.
+(``wchar`` of the tree) drive the kill of the resume scenario. Between polls the harness waits
+on a pidfd, so the wall time ends when the process does, not at the next poll. The spawn's
+wall-clock time is kept too, to compare with the endpoints' access log (when the first data GET
+arrived).
 """
 
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import time
@@ -32,6 +36,7 @@ class Measurement:
     cpu_s: float
     peak_rss_mib: float
     returncode: int
+    started_at: float = 0.0  # epoch seconds, just before the spawn (nginx's log clock)
     killed: bool = False
     written_at_kill: int = 0
     log_tail: str = ""
@@ -82,6 +87,7 @@ def run(
     if wrapped:
         argv = [GNU_TIME, "-f", "%M", "-o", str(stats), *argv]
     with open(log, "wb") as out:
+        started_at = time.time()
         start = time.perf_counter()
         proc = subprocess.Popen(
             argv,
@@ -92,24 +98,28 @@ def run(
             start_new_session=True,
             cwd=cwd,
         )
-        tree = _Tree(proc.pid, include_root=not wrapped)
-        peak_rss, killed, written = 0, False, 0
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            rss, written = tree.poll()
-            peak_rss = max(peak_rss, rss)
-            elapsed = time.perf_counter() - start
-            if (kill_after_written is not None and written >= kill_after_written) or (
-                elapsed > timeout_s
-            ):
-                os.killpg(proc.pid, signal.SIGKILL)
-                killed = True
-                pid, status, usage = os.wait4(proc.pid, 0)
-                break
-            time.sleep(poll_s)
-        wall = time.perf_counter() - start
+        exited = os.pidfd_open(proc.pid)  # readable once the child exits: wall time is exact
+        try:
+            tree = _Tree(proc.pid, include_root=not wrapped)
+            peak_rss, killed, written = 0, False, 0
+            while True:
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    break
+                rss, written = tree.poll()
+                peak_rss = max(peak_rss, rss)
+                elapsed = time.perf_counter() - start
+                if (kill_after_written is not None and written >= kill_after_written) or (
+                    elapsed > timeout_s
+                ):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    killed = True
+                    pid, status, usage = os.wait4(proc.pid, 0)
+                    break
+                select.select([exited], [], [], poll_s)
+            wall = time.perf_counter() - start
+        finally:
+            os.close(exited)
         proc.returncode = os.waitstatus_to_exitcode(status)
     if killed:
         _reap_group(proc.pid)
@@ -123,6 +133,7 @@ def run(
         cpu_s=usage.ru_utime + usage.ru_stime,
         peak_rss_mib=max(peak_rss, largest) / MiB,
         returncode=proc.returncode,
+        started_at=started_at,
         killed=killed,
         written_at_kill=written if killed else 0,
         log_tail=tail,

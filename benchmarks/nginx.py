@@ -7,7 +7,10 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
+
+from benchmarks.accesslog import LOG_FORMAT
 
 # Debian's libnginx-mod-http-headers-more-filter: lets a location drop a request header.
 HEADERS_MORE = "/usr/lib/nginx/modules/ngx_http_headers_more_filter_module.so"
@@ -25,7 +28,7 @@ HTTP_COMMON = """
     fastcgi_temp_path {run}/tmp/fastcgi;
     uwsgi_temp_path {run}/tmp/uwsgi;
     scgi_temp_path {run}/tmp/scgi;
-    log_format bench '$msec $server_port $request_method $request_uri $status $body_bytes_sent';
+    log_format bench '{log_format}';
     access_log {run}/access.log bench;
     map_hash_max_size 262144;
     map_hash_bucket_size 256;
@@ -54,12 +57,18 @@ def wait_for_port(port: int, timeout: float = 10.0) -> None:
 
 
 class Nginx:
-    """nginx with ``http_body`` (maps, upstreams, servers) inside a generated ``http {}``."""
+    """nginx with ``http_body`` (maps, upstreams, servers) inside a generated ``http {}``.
 
-    def __init__(self, run_dir: Path, http_body: str, workers: int = 2) -> None:
+    ``modules``: dynamic modules to load besides headers-more, in order.
+    """
+
+    def __init__(
+        self, run_dir: Path, http_body: str, workers: int = 2, modules: Sequence[Path] = ()
+    ) -> None:
         self.run_dir = run_dir
         self.http_body = http_body
         self.workers = workers
+        self.modules = tuple(modules)
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -69,13 +78,16 @@ class Nginx:
     def config(self) -> str:
         run = self.run_dir
         return (
-            f"load_module {HEADERS_MORE};\n"
+            "".join(f"load_module {m};\n" for m in (HEADERS_MORE, *self.modules))
             # Workers would drop to "nobody" and could not read fixtures in private folders.
             + ("user root;\n" if os.geteuid() == 0 else "")
             + f"worker_processes {self.workers};\ndaemon off;\npid {run}/nginx.pid;\n"
             f"error_log {run}/error.log warn;\nworker_rlimit_nofile 16384;\n"
             "events { worker_connections 8192; multi_accept on; }\n"
-            "http {\n" + HTTP_COMMON.format(run=run) + self.http_body + "\n}\n"
+            "http {\n"
+            + HTTP_COMMON.format(run=run, log_format=LOG_FORMAT)
+            + self.http_body
+            + "\n}\n"
         )
 
     def start(self, ports: list[int]) -> None:

@@ -1,4 +1,9 @@
-"""Turn a results file into the markdown table and the PNG chart committed under docs/."""
+"""Turn a results file into the markdown tables and the PNG chart committed under docs/.
+
+Cold and latency scenarios compare ours with each peer by the median of their per-round ratios
+(:mod:`benchmarks.ratios`); warm and resume show absolute figures. Results saved before the
+paired rounds (no ``pair`` in their records) still render, with no ratios.
+"""
 
 from __future__ import annotations
 
@@ -6,19 +11,19 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks import ratios, schedule
 from benchmarks.contenders import ALL
+from benchmarks.machine import describe_commit
+from benchmarks.method import method
 
 MiB = 1 << 20
 TIMES, DASH = "\u00d7", "\u2013"  # multiplication sign, en dash
 LABELS = {c.name: c.label for c in ALL}
 REFERENCES = {c.name for c in ALL if c.reference}
-BASELINE = {"s3": "s5cmd", "hf": "hf-snapshot"}
-TITLES = {
-    "cold-s3-model": "Cold fetch, S3, model",
-    "cold-s3-dataset": "Cold fetch, S3, dataset",
-    "cold-hf-model": "Cold fetch, Hub, model",
-    "cold-hf-dataset": "Cold fetch, Hub, dataset",
-}
+SOURCES = {"s3": "S3", "hf": "Hub"}
+PAIRED_KINDS = schedule.PAIRED_KINDS
+# First data GET goals on this machine class, per source (issue 13).
+FIRST_GET_GOALS = {"s3": 0.25, "hf": 0.4}
 
 
 @dataclass
@@ -34,7 +39,13 @@ class Summary:
     cpu_s: float
     data_mib: float
     killed_at: float | None
+    first_get_s: float | None = None  # median over the runs that made a data GET
+    vs_ours: ratios.PairedRatio | None = None  # paired kinds: this peer's time over ours
     note: str = ""  # the first problem of a failed run, if any
+
+
+def _median_or_none(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
 
 
 def summarize(results: dict) -> dict[str, dict[str, Summary]]:
@@ -46,10 +57,12 @@ def summarize(results: dict) -> dict[str, dict[str, Summary]]:
     out: dict[str, dict[str, Summary]] = {}
     for scenario, by_contender in grouped.items():
         total = assets[scenario.split("-")[2]]["bytes"]
+        every = [r for recs in by_contender.values() for r in recs]
         out[scenario] = {}
         for name, recs in by_contender.items():
             wall = statistics.median(r["wall_s"] for r in recs)
             kills = [r["killed_at"] for r in recs if r.get("killed_at") is not None]
+            firsts = [r["first_get_s"] for r in recs if r.get("first_get_s") is not None]
             out[scenario][name] = Summary(
                 contender=name,
                 runs=len(recs),
@@ -59,41 +72,52 @@ def summarize(results: dict) -> dict[str, dict[str, Summary]]:
                 peak_rss_mib=max(r["peak_rss_mib"] for r in recs),
                 cpu_s=statistics.median(r["cpu_s"] for r in recs),
                 data_mib=statistics.median(r["data_bytes"] for r in recs) / MiB,
-                killed_at=statistics.median(kills) if kills else None,
+                killed_at=_median_or_none(kills),
+                first_get_s=_median_or_none(firsts),
+                vs_ours=None if name == ratios.ANCHOR else ratios.paired_ratio(every, name),
                 note=next((r["problems"][0] for r in recs if r["problems"]), ""),
             )
     return out
 
 
-def _ratio(a: Summary | None, b: Summary | None) -> float | None:
-    if a is None or b is None or not b.mib_s:
-        return None
-    return a.mib_s / b.mib_s
+def fmt_ratio(r: ratios.PairedRatio | None) -> str:
+    """Median (low-high, rounds), e.g. ``1.23x (1.10-1.40, 5 rounds)``; a dash without a pair."""
+    if r is None:
+        return DASH
+    rounds = f"{r.rounds} round" + ("s" if r.rounds != 1 else "")
+    return f"{r.median:.2f}{TIMES} ({r.low:.2f}{DASH}{r.high:.2f}, {rounds})"
 
 
-def _fmt_ratio(r: float | None) -> str:
-    return DASH if r is None else f"{r:.2f}{TIMES}"
+def _fmt_seconds(s: float | None) -> str:
+    return DASH if s is None else f"{s:.2f}"
 
 
-def _cold_table(scenario: str, rows: dict[str, Summary], asset: dict) -> list[str]:
-    source = scenario.split("-")[1]
-    base = rows.get(BASELINE[source])
-    ours = rows.get("ours")
-    vs = "s5cmd" if source == "s3" else "snapshot_download"
+def title(scenario: str, meta: dict) -> str:
+    kind, source, asset = scenario.split("-")
+    where = f"{SOURCES.get(source, source)}, {asset}"
+    if kind == "cold":
+        return f"Cold fetch, {where}"
+    if kind == "latency":
+        ms = meta.get("latency_s", 0.02) * 1000
+        return f"Latency: cold fetch, {where}, {ms:g} ms before every response's first byte"
+    return scenario
+
+
+def _paired_table(scenario: str, rows: dict[str, Summary], meta: dict) -> list[str]:
+    asset = meta["assets"][scenario.split("-")[2]]
     lines = [
-        f"### {TITLES.get(scenario, scenario)} "
-        f"({asset['files']} files, {asset['bytes'] / MiB:,.0f} MiB)",
+        f"### {title(scenario, meta)} ({asset['files']} files, {asset['bytes'] / MiB:,.0f} MiB)",
         "",
-        f"| contender | median wall (s) | MiB/s | vs {vs} | ours vs it | peak RSS (MiB) | CPU (s) "
-        "| runs ok |",
+        "| contender | median wall (s) | MiB/s | ours vs it: its time / ours, median of rounds "
+        f"(min{DASH}max) | first data GET (s) | peak RSS (MiB) | CPU (s) | runs ok |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, s in sorted(rows.items(), key=lambda kv: (kv[0] in REFERENCES, kv[1].wall_s)):
         label = f"**{LABELS.get(name, name)}**" if name == "ours" else LABELS.get(name, name)
-        ours_vs = "" if name in ("ours", *REFERENCES) else _fmt_ratio(_ratio(ours, s))
+        vs = "" if name == "ours" else fmt_ratio(s.vs_ours)
         lines.append(
-            f"| {label} | {s.wall_s:.2f} | {s.mib_s:,.0f} | {_fmt_ratio(_ratio(s, base))} | "
-            f"{ours_vs} | {s.peak_rss_mib:,.0f} | {s.cpu_s:.1f} | {s.ok_runs}/{s.runs} |"
+            f"| {label} | {s.wall_s:.2f} | {s.mib_s:,.0f} | {vs} | {_fmt_seconds(s.first_get_s)} "
+            f"| {s.peak_rss_mib:,.0f} | {s.cpu_s:.1f} | {s.ok_runs}/{s.runs} |"
         )
     return [*lines, ""]
 
@@ -105,14 +129,33 @@ def _targets(summary: dict[str, dict[str, Summary]], assets: dict) -> list[str]:
     rows: list[tuple[str, str, bool | None]] = []
 
     def ratio_row(what: str, scenario: str, other: str, goal: float) -> None:
-        r = _ratio(get(scenario, "ours"), get(scenario, other))
-        rows.append((f"{what} ≥ {goal:g}{TIMES}", _fmt_ratio(r), None if r is None else r >= goal))
+        s = get(scenario, other)
+        r = s.vs_ours if s else None
+        met = None if r is None else r.median >= goal
+        rows.append((f"{what} ≥ {goal:g}{TIMES}", fmt_ratio(r), met))
 
     ratio_row("S3 model vs s5cmd", "cold-s3-model", "s5cmd", 1.0)
     ratio_row("S3 model vs Kubeflow S3 initializer", "cold-s3-model", "kubeflow-s3", 3.0)
     ratio_row("S3 dataset vs s5cmd", "cold-s3-dataset", "s5cmd", 1.0)
     ratio_row("Hub model vs snapshot_download", "cold-hf-model", "hf-snapshot", 2.5)
     ratio_row("Hub dataset vs snapshot_download", "cold-hf-dataset", "hf-snapshot", 4.0)
+    ratio_row("Latency S3 dataset vs s5cmd", "latency-s3-dataset", "s5cmd", 1.0)
+    for source, goal in FIRST_GET_GOALS.items():
+        firsts = [
+            (s["ours"].first_get_s, scenario)
+            for scenario, s in summary.items()
+            if scenario.startswith(f"cold-{source}-") and "ours" in s
+            if s["ours"].first_get_s is not None
+        ]
+        if firsts:
+            worst, where = max(firsts)
+            rows.append(
+                (
+                    f"First data GET of ours ≤ {goal:g} s after start, {SOURCES[source]}",
+                    f"{worst:.2f} s ({where})",
+                    worst <= goal,
+                )
+            )
     peaks = [s["ours"].peak_rss_mib for s in summary.values() if "ours" in s]
     if peaks:
         rows.append(("Peak RSS of ours ≤ 200 MiB", f"{max(peaks):.0f} MiB", max(peaks) <= 200))
@@ -174,53 +217,11 @@ def _rerun_tables(summary: dict[str, dict[str, Summary]], assets: dict) -> list[
     return lines
 
 
-METHOD = """\
-## How it is measured
-
-- **Endpoints** (all on 127.0.0.1, one nginx {nginx}): an S3 endpoint whose object GETs/HEADs are
-  plain nginx static files (sendfile, Range, keep-alive) with listings answered by a small Python
-  layer (`benchmarks/s3api.py`). Objects carry what a current AWS SDK or CLI upload leaves on S3:
-  ETags (MD5, or the multipart `"<md5 of part md5s>-N"` shape above 8 MiB) and a CRC32 additional
-  checksum — full-object below 8 MiB, composite (`...-N`, which no whole-file digest reproduces)
-  above — returned on whole-object GETs that ask for it (`x-amz-checksum-mode: ENABLED`).
-  A Hub endpoint: the project's test Hub (`tests/servers/hub.py`) behind nginx for the API and
-  `resolve`, with LFS files redirected to nginx on another port (the CDN).
-- **Fixtures**: a model of 8 safetensors shards of about 256 MiB, configs and tokenizer files, plus
-  files the model defaults skip (`.bin`, `.h5`, `.msgpack`, `.pth`, README, .gitattributes) in the
-  same prefix; a dataset of {ds_files:,} files of 64 KiB to 1 MiB in nested folders.
-  Scale {scale:g}.
-- **Same work for everyone**: each contender fetches exactly the files the model initializer's
-  default patterns select — ours through its defaults, the others through the equivalent
-  exclude/allow options. Every run's output tree is checked (exact file set, sizes, bytes compared
-  with the source: whole files up to 4 MiB, five 1 MiB windows of larger ones); a run that fails
-  the check is marked in "runs ok".
-- **Each contender is a separate process tree**, started with a clean environment. Wall time is
-  from spawn to exit; CPU is user+sys of the whole tree (`wait4`); peak RSS is the larger of the
-  biggest process's high-water mark (GNU time's `%M`, so no process is charged with the harness's
-  own memory) and the polled sum of PSS over the live tree (KServe forks a pool of four).
-  MiB/s is the asset's size over the median wall time. "File bytes fetched" is counted by nginx
-  (object/`resolve`/CDN bodies only, not listings).
-- **Order and noise**: contenders are interleaved (A B C, B C A, ...) and medians of {runs} runs are
-  compared, since timings on this VM drift with run order. The fixture is read from the page cache
-  (it is read once before the runs); the destination is deleted and `sync` is run before each run.
-- **Reruns**: `warm` reruns the contender into the complete folder it left itself; `resume` kills
-  the contender's process group (SIGKILL) once it has written about half the asset's bytes, then
-  reruns it. Reruns use each tool's own way of not repeating work where it has one: `s5cmd sync`
-  and `aws s3 sync` skip files whose size and time match; `snapshot_download` (and KServe's `hf://`,
-  which calls it) skips complete files, but huggingface_hub 2.x downloads into a per-process
-  temporary file, so a partial file starts over; ours skips complete files and continues partial
-  ones from their journal. boto3's TransferManager, the Kubeflow S3 initializer and KServe's `s3://`
-  fetch everything again. Temporary files a killed tool leaves behind and its rerun does not clean
-  up count as a failed check (see "note").
-- **References**: `cp` from the fixture folder and eight parallel `curl` processes (each GETting its
-  share of the files over one keep-alive connection, following the Hub's redirects) are not S3 or
-  Hub clients; they show what this machine does with no client logic at all.
-- **Contenders**: the Kubeflow S3 initializer is a faithful minimal re-implementation of its
-  approach (`benchmarks/clients/kubeflow_opendal.py`: OpenDAL list, then read each whole object
-  into memory and write it, one at a time); the Kubeflow Hugging Face initializers call
-  `snapshot_download`, the row of that name. KServe is PyPI `kserve-storage`'s `Storage.download`
-  in its own venv; its `hf://` takes model repos only.
-"""
+def _commit_line(meta: dict) -> str:
+    info = meta.get("commit")
+    if not info:  # results saved before the commit was recorded
+        return "**Commit measured**: not recorded (see kf-initializers under Versions)."
+    return f"**Commit measured**: `{describe_commit(info)}`."
 
 
 def markdown(results: dict) -> str:
@@ -228,12 +229,15 @@ def markdown(results: dict) -> str:
     assets = meta["assets"]
     summary = summarize(results)
     m = meta["machine"]
+    rounds = meta.get("rounds", meta.get("runs", 0))
     lines = [
         "# Benchmarks",
         "",
         f"Figures printed by `{meta['command']}` on {meta['date']}; every number below comes",
         "from that run (`benchmarks/`, see its README to reproduce). Chart: "
         "[benchmarks.png](benchmarks.png).",
+        "",
+        _commit_line(meta),
         "",
         "![MiB/s per contender](benchmarks.png)",
         "",
@@ -250,40 +254,48 @@ def markdown(results: dict) -> str:
         "",
         "## Targets",
         "",
+        f"Ratios are the peer's wall time over ours in the same round (above 1{TIMES}: ours is "
+        "faster):",
+        "the median of the rounds, then the lowest and highest round.",
+        "",
         *_targets(summary, assets),
         "## Results",
         "",
     ]
-    for scenario in summary:
-        if scenario.startswith("cold-"):
-            lines += _cold_table(scenario, summary[scenario], assets[scenario.split("-")[2]])
+    for kind in PAIRED_KINDS:
+        for scenario in summary:
+            if scenario.startswith(kind + "-"):
+                lines += _paired_table(scenario, summary[scenario], meta)
     lines += _rerun_tables(summary, assets)
     lines.append(
-        METHOD.format(
+        method(
             nginx=m["versions"]["nginx"],
+            latency_ms=meta.get("latency_s", 0.02) * 1000,
             ds_files=assets["dataset"]["files"],
             scale=meta["scale"],
-            runs=meta["runs"],
+            rounds=rounds,
         )
     )
     return "\n".join(lines)
 
 
 def chart(results: dict, path: Path) -> None:
-    """One panel per cold scenario: MiB/s per contender, ours highlighted, references hatched."""
+    """One panel per cold and latency scenario: MiB/s per contender (median), ours highlighted,
+    references hatched, each peer's bar labelled with its median per-round ratio to ours."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    meta = results["meta"]
     summary = summarize(results)
-    cold = [s for s in TITLES if s in summary]
-    if not cold:
+    panels = [s for kind in PAIRED_KINDS for s in summary if s.startswith(kind + "-")]
+    if not panels:
         return
-    cols = 2 if len(cold) > 1 else 1
-    rows = (len(cold) + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(7 * cols, 3.6 * rows), squeeze=False)
-    for ax, scenario in zip(axes.flat, cold, strict=False):
+    cols = 2 if len(panels) > 1 else 1
+    rows = (len(panels) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(7.5 * cols, 3.6 * rows), squeeze=False)
+    for ax, scenario in zip(axes.flat, panels, strict=False):
         items = sorted(summary[scenario].values(), key=lambda s: s.mib_s)
         names = [LABELS.get(s.contender, s.contender) for s in items]
         colors = [
@@ -297,18 +309,21 @@ def chart(results: dict, path: Path) -> None:
             if s.contender in REFERENCES:
                 bar.set_hatch("//")
             mark = "" if s.ok_runs == s.runs else " (check failed)"
-            ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {s.mib_s:,.0f}{mark}",
-                    va="center", fontsize=8)  # fmt: skip
-        ax.set_title(TITLES[scenario], fontsize=10)
+            ratio = "" if s.vs_ours is None else f"  ours {s.vs_ours.median:.2f}{TIMES}"
+            ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2,
+                    f" {s.mib_s:,.0f}{ratio}{mark}", va="center", fontsize=8)  # fmt: skip
+        ax.set_title(title(scenario, meta), fontsize=9)
         ax.set_xlabel("MiB/s (median of runs; higher is better)", fontsize=8)
         ax.tick_params(axis="y", labelsize=8)
-        ax.set_xlim(0, max(s.mib_s for s in items) * 1.25)
-    for ax in list(axes.flat)[len(cold) :]:
+        ax.set_xlim(0, max(s.mib_s for s in items) * 1.45)
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
-    m = results["meta"]["machine"]
+    m = meta["machine"]
+    commit = meta.get("commit")
+    at = f", commit {describe_commit(commit)}" if commit else ""
     fig.suptitle(
         f"kf-initializers vs peers — {m['cpus']} CPUs, {m['memory_gib']} GiB, "
-        f"scale {results['meta']['scale']:g}, {results['meta']['date']}",
+        f"scale {meta['scale']:g}, {meta['date']}{at}",
         fontsize=10,
     )
     fig.tight_layout()

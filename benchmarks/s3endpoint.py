@@ -49,8 +49,8 @@ def checksum_maps(fixture: Fixture) -> str:
     return "\n".join(lines) + "\n"
 
 
-def s3_http_body(fixture: Fixture, run_dir: Path, port: int, api_port: int) -> str:
-    """The S3 endpoint's part of nginx's ``http {}``: maps, the API upstream, the server."""
+def s3_http_shared(fixture: Fixture, run_dir: Path, api_port: int) -> str:
+    """What every S3 server of nginx's ``http {}`` shares: the maps and the API upstream."""
     (run_dir / "etags.map").write_text(etag_map(fixture))
     (run_dir / "checksums.map").write_text(checksum_maps(fixture))
     return f"""
@@ -69,9 +69,17 @@ def s3_http_body(fixture: Fixture, run_dir: Path, port: int, api_port: int) -> s
     map "$s3_has_args$s3_is_bucket$s3_other_method" $s3_to_api {{ "000" 0; default 1; }}
     map "$http_if_match=$s3_etag" $s3_if_match_ok {{ "~^(.+)=\\1$" 1; default 0; }}
     upstream s3api {{ server 127.0.0.1:{api_port}; keepalive 32; }}
+"""
+
+
+def s3_server(fixture: Fixture, port: int, extra: str = "") -> str:
+    """One S3 ``server {}`` on ``port`` (after :func:`s3_http_shared`); ``extra``: server-level
+    directives (the latency option's delay)."""
+    return f"""
     server {{
         listen 127.0.0.1:{port} backlog=4096;
         root {fixture.data_root};
+        {extra}
         location / {{
             error_page 418 = @s3api;
             error_page 404 = @nosuchkey;

@@ -1,6 +1,7 @@
 """The harness's endpoints, checks and measurements, against real nginx and real clients.
 
 Run with ``.bench/venv/bin/python -m pytest benchmarks/tests -q`` (after ``benchmarks/setup.sh``).
+The fixture and the endpoints come from ``conftest.py``.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ import hashlib
 import os
 import subprocess
 import sys
+import time
 import urllib.request
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
 
 import boto3
@@ -20,25 +21,13 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from benchmarks import measure, verify
+from benchmarks import harness, measure, verify
 from benchmarks.endpoints import Endpoints
-from benchmarks.fixtures import BUCKET, Fixture, load_or_generate
+from benchmarks.fixtures import BUCKET, Fixture
 
 MiB = 1 << 20
-SCALE = 0.04  # shards of ~10 MiB (above the 8 MiB multipart threshold), 80 dataset files
 SMALL = "model/config.json"  # single part: FULL_OBJECT CRC32
 BIG = "model/model-00002-of-00008.safetensors"  # two 8 MiB parts: COMPOSITE CRC32 "...-2"
-
-
-@pytest.fixture(scope="module")
-def fixture(tmp_path_factory: pytest.TempPathFactory) -> Fixture:
-    return load_or_generate(tmp_path_factory.mktemp("bench"), SCALE, log=lambda _: None)
-
-
-@pytest.fixture(scope="module")
-def endpoints(fixture: Fixture, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints]:
-    with Endpoints(fixture, tmp_path_factory.mktemp("run")) as eps:
-        yield eps
 
 
 @pytest.fixture(scope="module")
@@ -356,3 +345,24 @@ def test_measure_does_not_charge_a_small_tool_with_the_harness_memory(tmp_path: 
     m = measure.run(["/bin/sleep", "0.3"], dict(os.environ), tmp_path / "log")
     assert m.returncode == 0
     assert m.peak_rss_mib < 20
+
+
+def test_measure_stops_the_wall_clock_when_the_process_exits_not_at_the_next_poll(
+    tmp_path: Path,
+) -> None:
+    before = time.time()
+    m = measure.run(["/bin/sleep", "0.03"], dict(os.environ), tmp_path / "log")
+    assert 0.03 <= m.wall_s < 0.1  # the harness polls the tree every 0.1 s
+    assert before <= m.started_at <= before + m.wall_s  # on the clock nginx logs with
+
+
+def test_latency_scenarios_are_named_like_the_others_and_run_by_default() -> None:
+    assert "latency-s3-dataset" in harness.DEFAULT_SCENARIOS
+    assert "latency-hf-dataset" in harness.DEFAULT_SCENARIOS
+    assert harness.parse_scenarios("latency") == ["latency-s3-dataset", "latency-hf-dataset"]
+    assert harness.parse_scenarios("latency-s3-model,cold-hf-model") == [
+        "latency-s3-model",
+        "cold-hf-model",
+    ]
+    with pytest.raises(ValueError, match="latency"):
+        harness.parse_scenarios("slow-s3-model")

@@ -1,0 +1,86 @@
+"""The report's "How it is measured" section, filled in with the run's own figures."""
+
+from __future__ import annotations
+
+METHOD = """\
+## How it is measured
+
+- **Endpoints** (all on 127.0.0.1, one nginx {nginx}): an S3 endpoint whose object GETs/HEADs are
+  plain nginx static files (sendfile, Range, keep-alive) with listings answered by a small Python
+  layer (`benchmarks/s3api.py`). Objects carry what a current AWS SDK or CLI upload leaves on S3:
+  ETags (MD5, or the multipart `"<md5 of part md5s>-N"` shape above 8 MiB) and a CRC32 additional
+  checksum — full-object below 8 MiB, composite (`...-N`, which no whole-file digest reproduces)
+  above — returned on whole-object GETs that ask for it (`x-amz-checksum-mode: ENABLED`).
+  A Hub endpoint: the project's test Hub (`tests/servers/hub.py`) behind nginx for the API and
+  `resolve`, with LFS files redirected to nginx on another port (the CDN).
+- **Latency scenarios** (`latency-*`): the same endpoints on three more ports, where nginx waits
+  {latency_ms:g} ms before the first byte of every response (object and CDN GETs, HEADs, listings,
+  the Hub's API and its redirects; real S3 and the Hub's CDN take 10 to 50 ms). The wait
+  is Debian's nginx Lua module, `access_by_lua_block {{ ngx.sleep(...) }}` at server level: a
+  timer in nginx's event loop, so no CPU is spent on it and the bytes still go out by sendfile
+  (no proxy in the data path). A Hub LFS file waits twice (`resolve`, then the CDN). Many small
+  files are then bound by how many requests a client keeps in flight.
+- **Fixtures**: a model of 8 safetensors shards of about 256 MiB, configs and tokenizer files, plus
+  files the model defaults skip (`.bin`, `.h5`, `.msgpack`, `.pth`, README, .gitattributes) in the
+  same prefix; a dataset of {ds_files:,} files of 64 KiB to 1 MiB in nested folders.
+  Scale {scale:g}.
+- **Same work for everyone**: each contender fetches exactly the files the model initializer's
+  default patterns select — ours through its defaults, the others through the equivalent
+  exclude/allow options. Every run's output tree is checked (exact file set, sizes, bytes compared
+  with the source: whole files up to 4 MiB, five 1 MiB windows of larger ones); a run that fails
+  the check is marked in "runs ok".
+- **Each contender is a separate process tree**, started with a clean environment. Wall time is
+  from spawn to exit (between its polls of the tree the harness waits on the process's pidfd, so
+  the clock stops when the process does); CPU is user+sys of the whole tree (`wait4`); peak RSS
+  is the larger of the biggest process's high-water mark (GNU time's `%M`, so no process is
+  charged with the harness's own memory) and the polled sum of PSS over the live tree (KServe
+  forks a pool of four).
+  MiB/s is the asset's size over the median wall time. "File bytes fetched" is counted by nginx
+  (object/`resolve`/CDN bodies only, not listings).
+- **First data GET**: from the harness spawning the contender (the wall clock just before the
+  fork) to the arrival at nginx of its first file-data GET (an S3 object GET, a Hub `resolve` or
+  a CDN GET; `$msec` minus `$request_time` of its access-log line, ±1 ms); median over the runs.
+  Interpreter start, imports, client set-up and listing all count.
+- **Paired rounds**: this VM's timings depend on what ran just before (a contender that frees
+  900 MiB makes the next one slower), so the cold and latency scenarios run {rounds} rounds in
+  which ours and each peer run back to back; which of the two goes first alternates from round
+  to round (and from pair to pair), and the peers' order rotates. "ours vs it" is the median over
+  the rounds of the peer's wall time over ours in the same round (above 1: ours was faster),
+  with the lowest and highest of those ratios and the number of rounds in which both runs passed
+  their check. Wall times, MiB/s and CPU are medians over all of a contender's runs (ours runs
+  once per pair). The warm and resume scenarios, whose figures are absolute, run every contender
+  once per round, interleaved (A B C, B C A, ...), and report medians. The fixture is read from
+  the page cache (it is read once before the runs); the destination is deleted and `sync` is run
+  before each run.
+- **Reruns**: `warm` reruns the contender into the complete folder it left itself; `resume` kills
+  the contender's process group (SIGKILL) once it has written about half the asset's bytes, then
+  reruns it. Reruns use each tool's own way of not repeating work where it has one: `s5cmd sync`
+  and `aws s3 sync` skip files whose size and time match; `snapshot_download` (and KServe's `hf://`,
+  which calls it) skips complete files, but huggingface_hub 2.x downloads into a per-process
+  temporary file, so a partial file starts over; ours skips complete files and continues partial
+  ones from their journal. boto3's TransferManager, the Kubeflow S3 initializer and KServe's `s3://`
+  fetch everything again. Temporary files a killed tool leaves behind and its rerun does not clean
+  up count as a failed check (see "note").
+- **References**: `cp` from the fixture folder and eight parallel `curl` processes (each GETting its
+  share of the files over one keep-alive connection, following the Hub's redirects) are not S3 or
+  Hub clients; they show what this machine does with no client logic at all. `cp` makes no
+  request, so it is left out of the latency scenarios.
+- **Contenders**: the Kubeflow S3 initializer is a faithful minimal re-implementation of its
+  approach (`benchmarks/clients/kubeflow_opendal.py`: OpenDAL list, then read each whole object
+  into memory and write it, one at a time); the Kubeflow Hugging Face initializers call
+  `snapshot_download`, the row of that name. KServe is PyPI `kserve-storage`'s `Storage.download`
+  in its own venv; its `hf://` takes model repos only. "HfApi listing + obstore" is the script a
+  user would write with a native client (`benchmarks/clients/hf_obstore.py`): `HfApi`'s recursive
+  tree listing and `snapshot_download`'s allow/ignore filter, then every file's `resolve` URL
+  through obstore's `HTTPStore` (Rust `object_store`, following the redirect to the CDN) on
+  asyncio with 64 requests in flight, streamed to disk, nothing verified or fsynced.
+- **Commit**: the code measured is the commit named at the top (`git rev-parse --short HEAD`
+  when the run started; "dirty" when `git status` showed any change); ours runs from a copy of
+  `initializers/` taken then, so edits during the run do not reach it.
+"""
+
+
+def method(nginx: str, latency_ms: float, ds_files: int, scale: float, rounds: int) -> str:
+    return METHOD.format(
+        nginx=nginx, latency_ms=latency_ms, ds_files=ds_files, scale=scale, rounds=rounds
+    )

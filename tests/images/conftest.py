@@ -7,9 +7,13 @@
 * ``podman_run`` — ``podman_run(image, *args, env=..., network=..., ...)`` runs one container to
   completion and returns its exit code and output; ``start_container`` starts one detached.
 * ``workspace`` — an empty host folder for ``/workspace``, owned by the image's user, as a
-  provisioned volume would be.
+  provisioned volume would be; ``open_tmp`` — a folder under /tmp that every UID can traverse.
+* ``bridge_network`` — a podman bridge network (name and gateway address), once per session.
 * ``bridge_s3`` — a moto S3 server reachable from a podman bridge network (through the network's
   gateway address), as the Kubeflow SDK's local backend puts initializers on a per-job network.
+  The gateway is a host address, so containers on any other bridge network (the SDK's own
+  per-job ones) reach it too.
+* ``bridge_hub`` — the local Hub (tests/servers/hub.py) on that gateway address, once per module.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,6 +37,7 @@ from moto.server import ThreadedMotoServer
 
 from tests.conftest import ACCESS_KEY, SECRET_KEY
 from tests.podman import podman, podman_env
+from tests.servers.hub import HubServer
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE_UID = 65532  # the images' fixed non-root user (images/initializer/Dockerfile)
@@ -148,12 +154,28 @@ def workspace(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
+def open_tmp() -> Iterator[Path]:
+    """A fresh folder every UID can traverse (pytest's tmp_path is inside a 0700 folder), for
+    what a host user other than root must reach."""
+    path = Path(tempfile.mkdtemp(prefix="kf-e2e-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
 def termination_log(tmp_path: Path) -> Path:
     """A host file to mount at /dev/termination-log, writable by any UID (as the kubelet's)."""
     path = tmp_path / "termination-log"
     path.touch()
     path.chmod(0o666)
     return path
+
+
+@dataclass
+class BridgeNetwork:
+    name: str
+    gateway: str  # a host address: containers on every bridge network reach it
 
 
 @dataclass
@@ -171,48 +193,67 @@ class BridgeS3:
 
 
 @pytest.fixture(scope="session")
-def bridge_s3(images: dict[str, str]) -> Iterator[BridgeS3]:
-    """A per-session bridge network and a moto server bound to its gateway address.
+def bridge_network(images: dict[str, str]) -> Iterator[BridgeNetwork]:
+    """A per-session bridge network whose gateway address exists on the host.
 
     The bridge interface appears when the first container joins, so a throwaway container
-    starts first; then the server can bind to the gateway (not to every interface).
+    starts first; then servers can bind to the gateway (not to every interface).
     """
     network = unique_name("net")
     podman("network", "create", network)
     try:
         podman("run", "--rm", f"--network={network}", "--entrypoint", "true", images["dataset"])
         info = json.loads(podman("network", "inspect", network).stdout)[0]
-        gateway = info["subnets"][0]["gateway"]
-        logging.getLogger("werkzeug").setLevel(logging.ERROR)
-        server = _start_moto(gateway)
-        try:
-            host, port = server.get_host_and_port()
-            endpoint = f"http://{host}:{port}"
-            client = boto3.client(
-                "s3",
-                endpoint_url=endpoint,
-                region_name="us-east-1",
-                aws_access_key_id=ACCESS_KEY,
-                aws_secret_access_key=SECRET_KEY,
-            )
-            yield BridgeS3(network, gateway, endpoint, client)
-        finally:
-            server.stop()
+        yield BridgeNetwork(network, info["subnets"][0]["gateway"])
     finally:
         podman("network", "rm", "--force", network, check=False)
 
 
-def _start_moto(address: str) -> ThreadedMotoServer:
-    """moto on ``address``, once that address can be bound (moto's start() would hang if not)."""
+@pytest.fixture(scope="session")
+def bridge_s3(bridge_network: BridgeNetwork) -> Iterator[BridgeS3]:
+    """A moto server bound to the bridge network's gateway address."""
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = _start_moto(bridge_network.gateway)
+    try:
+        host, port = server.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+        client = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            region_name="us-east-1",
+            aws_access_key_id=ACCESS_KEY,
+            aws_secret_access_key=SECRET_KEY,
+        )
+        yield BridgeS3(bridge_network.name, bridge_network.gateway, endpoint, client)
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def bridge_hub(bridge_network: BridgeNetwork) -> Iterator[HubServer]:
+    """The local Hub bound to the bridge network's gateway address (one per module)."""
+    _wait_bindable(bridge_network.gateway)
+    with HubServer(host=bridge_network.gateway) as server:
+        yield server
+    assert not server.leaked_auth, "a token was sent to the CDN host"
+    assert not server.errors, server.errors
+
+
+def _wait_bindable(address: str) -> None:
     deadline = time.monotonic() + 10
     while True:
         try:
             with socket.create_server((address, 0)):
-                break
+                return
         except OSError:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+
+
+def _start_moto(address: str) -> ThreadedMotoServer:
+    """moto on ``address``, once that address can be bound (moto's start() would hang if not)."""
+    _wait_bindable(address)
     server = ThreadedMotoServer(ip_address=address, port=0, verbose=False)
     server.start()
     return server

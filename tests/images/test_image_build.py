@@ -19,12 +19,29 @@ def inspect(image: str) -> dict:
     return json.loads(podman("image", "inspect", image).stdout)[0]
 
 
+# What a command run by the image sees of its own identity and privileges.
+IDENTITY = "id -u; id -g; id -G; grep -E '^(CapPrm|CapEff|NoNewPrivs):' /proc/self/status | cut -f2"
+
+
 @pytest.mark.parametrize("kind", KINDS)
-def test_image_runs_as_a_fixed_non_root_user_in_group_zero(images, podman_run, kind):
-    assert inspect(images[kind])["Config"]["User"] == f"{IMAGE_UID}:0"
-    result = podman_run(images[kind], "id", "-u")
+def test_image_starts_as_root_but_runs_everything_as_its_non_root_user(images, podman_run, kind):
+    # USER 0 only so that the entrypoint can hand a volume over; with no volume mounted (the
+    # owner is root) the command runs as 65532:0, without capabilities or a way to regain them.
+    assert inspect(images[kind])["Config"]["User"] == "0:0"
+    result = podman_run(images[kind], "sh", "-c", IDENTITY)
     assert result.code == 0, result.output
-    assert result.stdout.strip() == str(IMAGE_UID)
+    uid, gid, groups, permitted, effective, no_new_privs = result.stdout.split()
+    assert (uid, gid, groups) == (str(IMAGE_UID), "0", "0")
+    assert int(permitted, 16) == int(effective, 16) == 0
+    assert no_new_privs == "1"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_image_started_as_a_user_stays_that_user(images, podman_run, kind):
+    result = podman_run(images[kind], "sh", "-c", IDENTITY, options=("--user", "4321:0"))
+    assert result.code == 0, result.output
+    uid, gid, groups, _, _, no_new_privs = result.stdout.split()
+    assert (uid, gid, groups, no_new_privs) == ("4321", "0", "0", "0"), "nothing changed"
 
 
 @pytest.mark.parametrize("kind", KINDS)

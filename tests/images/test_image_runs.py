@@ -165,6 +165,9 @@ def test_a_volume_the_user_cannot_write_exits_6_naming_the_folder(
         images["dataset"],
         env={"STORAGE_URI": uri, "ENDPOINT": bucket.endpoint, **S3_KEYS},
         volumes={readonly: "/workspace", termination_log: "/dev/termination-log"},
+        # As Kubernetes starts it (runAsUser): started as root, the image would make the folder
+        # (tests/images/test_image_users.py).
+        options=("--user", f"{IMAGE_UID}:0"),
     )
     assert result.code == 6, result.output
     assert "/workspace/dataset" in termination_log.read_text()

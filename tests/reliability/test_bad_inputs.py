@@ -5,22 +5,18 @@ The same table is shown in README.md; a test keeps the two identical.
 
 from __future__ import annotations
 
-import json
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import boto3
 import pytest
 
 from tests.conftest import ACCESS_KEY, SECRET_KEY, Bucket
 from tests.reliability.conftest import FIGURES
+from tests.servers.locked_s3 import locked_s3 as start_locked_s3
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "README.md"
@@ -385,58 +381,13 @@ def markdown_table() -> str:
 
 @pytest.fixture(scope="module")
 def locked_s3() -> Iterator[tuple[str, str]]:
-    """A separate moto server with authentication on: (endpoint, a valid access key id).
-
-    moto checks signatures only when told to, globally; its own process keeps that away from
-    the shared S3 server the other tests use.
-    """
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/moto-api/", timeout=2).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-        setup = {
-            "endpoint_url": url,
-            "region_name": "us-east-1",
-            "aws_access_key_id": "setup",
-            "aws_secret_access_key": "setup",
-        }
-        iam = boto3.client("iam", **setup)
-        iam.create_user(UserName="reader")
-        policy = {
-            "Version": "2012-10-17",
-            "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}],
-        }
-        iam.put_user_policy(UserName="reader", PolicyName="read", PolicyDocument=json.dumps(policy))
-        key = iam.create_access_key(UserName="reader")["AccessKey"]["AccessKeyId"]
-        s3 = boto3.client("s3", **setup)
-        s3.create_bucket(Bucket="locked-bucket")
-        s3.put_object(Bucket="locked-bucket", Key="d/a.txt", Body=b"a")
-        request = urllib.request.Request(
-            f"{url}/moto-api/reset-auth",
-            data=b"0",
-            method="POST",
-            headers={"Content-Type": "text/plain"},
-        )
-        urllib.request.urlopen(request, timeout=10).close()  # from now on, signatures count
-        yield url, key
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    """A separate moto server with authentication on (tests/servers/locked_s3.py): (endpoint,
+    a valid access key id)."""
+    with start_locked_s3() as s3:
+        client = s3.client()
+        client.create_bucket(Bucket="locked-bucket")  # type: ignore[attr-defined]
+        client.put_object(Bucket="locked-bucket", Key="d/a.txt", Body=b"a")  # type: ignore[attr-defined]
+        yield s3.endpoint, s3.access_key
 
 
 def run_bad(bad: Bad, number: int, values: dict[str, str], home: Path) -> str | None:

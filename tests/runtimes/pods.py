@@ -9,6 +9,9 @@ No cluster is at hand, so the pieces a kubelet supplies are modelled, each expli
 * **volume mounts**: each volume is a host folder and every env value that is an absolute path
   inside a mount is rewritten to the host folder, the one rewrite a bind mount does implicitly.
   The ``initializer`` claim is one folder shared by every pod of the TrainJob;
+* **the user**: run by root, the process runs as the pod's and container's ``runAsUser`` /
+  ``runAsGroup`` (the container's win), inside a user namespace that maps root to that UID: the
+  image's entrypoint sees the non-root UID a kubelet would give it, while files stay reachable;
 * **kubelet extras**: the termination message file lives in the pod's folder, and HOME is where
   the image's entrypoint falls back to on a read-only root (its /tmp mount);
 * **this machine's safety**: ``AWS_EC2_METADATA_DISABLED`` so boto3 never probes a non-loopback
@@ -19,6 +22,7 @@ Everything else in the environment is exactly the container's env after the cont
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import sysconfig
@@ -91,6 +95,26 @@ def _is_shell_script(path: Path) -> bool:
     return path.read_bytes()[:32].startswith((b"#!/bin/sh", b"#!/usr/bin/env sh"))
 
 
+def run_as(pod_spec: Obj, container: Obj) -> tuple[int, int] | None:
+    """(UID, GID) the kubelet starts ``container`` with, or None to keep the image's user."""
+    merged = {**(pod_spec.get("securityContext") or {}), **(container.get("securityContext") or {})}
+    if merged.get("runAsUser") is None:
+        return None
+    return int(merged["runAsUser"]), int(merged.get("runAsGroup", 0))
+
+
+def as_user(argv: list[str], user: tuple[int, int] | None) -> list[str]:
+    """``argv`` run as ``user`` (a user namespace mapping this machine's root onto it).
+
+    Only root needs it: the image's entrypoint does something else as root (it drops to another
+    user), while any non-root user already takes its non-root branch, as ``user`` would.
+    """
+    if user is None or os.getuid() != 0 or user[0] == 0:
+        return argv
+    uid, gid = user
+    return ["unshare", "--user", f"--map-user={uid}", f"--map-group={gid}", "--", *argv]
+
+
 def base_env(image: dockerfiles.Image, pod: Pod, container: Obj) -> dict[str, str]:
     env = dict(image.env)
     env["PATH"] = f"{SCRIPTS_DIR}:/usr/local/bin:/usr/bin:/bin"
@@ -159,9 +183,15 @@ class Running:
 
 
 def start(
-    container: Obj, env: dict[str, str], root: Path, shared: dict[str, Path], timeout: float = 120
+    container: Obj,
+    env: dict[str, str],
+    root: Path,
+    shared: dict[str, Path],
+    timeout: float = 120,
+    user: tuple[int, int] | None = None,
 ) -> Running:
-    """Start ``container`` (as merged by the controller) with its resolved ``env``."""
+    """Start ``container`` (as merged by the controller) with its resolved ``env``, as ``user``
+    (:func:`run_as`)."""
     target = dockerfiles.find_target(container["image"])
     if target is not None:
         image = dockerfiles.build(*target)
@@ -172,4 +202,5 @@ def start(
     root.mkdir(parents=True, exist_ok=True)
     pod = Pod.for_container(container, root, shared)
     full_env = {**base_env(image, pod, container), **pod.translate_env(env)}
-    return Running(host_argv(image_argv(container, image), image), full_env, pod, timeout)
+    argv = as_user(host_argv(image_argv(container, image), image), user)
+    return Running(argv, full_env, pod, timeout)

@@ -166,6 +166,14 @@ def rendered_runtime(name: str) -> Obj:
     raise KeyError(name)
 
 
+def start_step(
+    runtime: Obj, step: str, container: Obj, env: dict, root: Path, shared: dict
+) -> pods.Running:
+    """Start the ``step`` initializer as its pod would run it: as the pod's user."""
+    user = pods.run_as(manifests.pod_spec(manifests.step_job(runtime, step)), container)
+    return pods.start(container, env, root, shared, user=user)
+
+
 def run_initializers(runtime: Obj, train_job: Obj, secrets: dict, root: Path) -> dict:
     """Both initializer containers, started together as JobSet does; step → Finished."""
     shared = {"initializer": root / "pvc"}
@@ -173,7 +181,7 @@ def run_initializers(runtime: Obj, train_job: Obj, secrets: dict, root: Path) ->
     for step in STEPS:
         container = controller.initializer_container(runtime, step, train_job)
         env = controller.resolve_env(container, secrets)
-        running[step] = (container, pods.start(container, env, root / step, shared))
+        running[step] = (container, start_step(runtime, step, container, env, root / step, shared))
     return {step: (container, proc.wait()) for step, (container, proc) in running.items()}
 
 
@@ -291,8 +299,13 @@ def test_env_and_secret_from_the_example_reach_the_initializer(tmp_path, hub, s3
     container = controller.initializer_container(runtime, "model-initializer", without_secret)
     env = controller.resolve_env(container, {})
     env["OUTPUT_PATH"] = "/workspace/model-anonymous"
-    finished = pods.start(
-        container, env, tmp_path / "anon", {"initializer": tmp_path / "pvc"}
+    finished = start_step(
+        runtime,
+        "model-initializer",
+        container,
+        env,
+        tmp_path / "anon",
+        {"initializer": tmp_path / "pvc"},
     ).wait()
     assert finished.code == 3, f"a gated repo without the Secret's token: {finished.output}"
 

@@ -1,6 +1,7 @@
 """A local stand-in for the Hugging Face Hub HTTP API, for tests, the demo and benchmarks.
 
-Two listeners on 127.0.0.1 speak what ``huggingface_hub`` 2.x expects from huggingface.co:
+Two listeners on 127.0.0.1 (or ``host``) speak what ``huggingface_hub`` 2.x expects from
+huggingface.co:
 
 * the **Hub** (``endpoint``): ``/api/{models,datasets}/{repo}[/revision/{rev}]`` (repo info),
   ``/api/.../tree/{rev}[/{path}]`` (paginated with ``Link: <...>; rel="next"``),
@@ -283,7 +284,10 @@ def fail_times(
 
 
 class HubServer:
-    """Hub + CDN listeners on 127.0.0.1 serving in-memory repos; see the module docstring."""
+    """Hub + CDN listeners on 127.0.0.1 serving in-memory repos; see the module docstring.
+
+    ``host`` binds both listeners (and the URLs they hand out) to another local address, e.g. a
+    container bridge's gateway, so that containers on that network can reach them."""
 
     def __init__(
         self,
@@ -295,7 +299,9 @@ class HubServer:
         reject_invalid_tokens: bool = True,
         cdn_url_ttl: float = 3600.0,
         cdn_origin: str | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
+        self.host = host
         self.lfs_threshold = lfs_threshold
         self.lfs_patterns = tuple(lfs_patterns)
         self.tree_page_size = tree_page_size
@@ -532,17 +538,17 @@ class _Listener(ThreadingHTTPServer):
     request_queue_size = 128
 
     def __init__(self, hub: HubServer, name: str, handler: type[BaseHTTPRequestHandler]) -> None:
-        super().__init__(("127.0.0.1", 0), handler)
         self.hub = hub
+        super().__init__((hub.host, 0), handler)
         self.name = name
-        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+        self.url = f"http://{hub.host}:{self.server_address[1]}"
         self.open_connections: set[socket.socket] = set()
         self.connections_lock = threading.Lock()
         self.connection_serial = itertools.count(1)
 
     def server_bind(self) -> None:
         socketserver.TCPServer.server_bind(self)  # skips HTTPServer's reverse-DNS lookup
-        self.server_name, self.server_port = "127.0.0.1", self.server_address[1]
+        self.server_name, self.server_port = self.hub.host, self.server_address[1]
 
     def serve(self) -> None:
         self.serve_forever(poll_interval=0.02)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import socket
 import ssl
 import threading
@@ -185,8 +186,8 @@ class HttpTransport:
             raise classify_exception(exc, what) from None
         try:
             check_status(response.status, what, response.headers)
-            if response.status == 200 and start != 0:
-                raise IntegrityError(f"{what}: the server ignored the byte range it was asked for")
+            if not whole:
+                check_range(response.status, response.headers, start, end, what)
         except BaseException:
             response.release_conn()
             raise
@@ -196,6 +197,9 @@ class HttpTransport:
         self._direct.clear()
         for manager in self._proxied.values():
             manager.clear()
+
+
+_CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(?:\d+|\*)\s*$", re.IGNORECASE)
 
 
 def _tracked(manager: urllib3.PoolManager) -> urllib3.PoolManager:
@@ -299,6 +303,29 @@ def check_status(status: int, what: str, headers: Mapping[str, str] | None = Non
     if status == 416:
         raise IntegrityError(f"{what}: the server no longer has the bytes it listed; rerun")
     raise InitializerError(f"{what}: unexpected HTTP {status} from the server")
+
+
+def check_range(status: int, headers: Mapping[str, str], start: int, end: int, what: str) -> None:
+    """Raise unless the body of a ranged GET starts at ``start`` and covers up to ``end``.
+
+    The ``Content-Range`` header is what says where the bytes belong, whatever the status: some
+    S3-compatible servers (rclone's) answer a range with 200 and a correct ``Content-Range``,
+    while a 200 without one from ``start`` > 0 means the server sent the whole file instead.
+    """
+    found = _CONTENT_RANGE.match(headers.get("Content-Range", ""))
+    if found is None:
+        if status == 206 or start != 0:
+            raise IntegrityError(
+                f"{what}: the server ignored the byte range it was asked for"
+                if status == 200
+                else f"{what}: the server answered a byte range without a valid Content-Range"
+            )
+        return  # a 200 with the whole file: its first bytes are the range asked for
+    first, last = int(found[1]), int(found[2])
+    if first != start or last < end - 1:
+        raise IntegrityError(
+            f"{what}: the server sent bytes {first}-{last} when asked for {start}-{end - 1}"
+        )
 
 
 def classify_exception(exc: BaseException, what: str) -> Exception:

@@ -124,6 +124,7 @@ class S3Source(Source):
         self._host = _host_header(bucket_url)
         self._bucket_path = bucket_url.path
         self._with_additional: set[str] = set()  # keys listed with an additional checksum
+        self._listed_composite: set[str] = set()  # keys listed with a checksum of their parts
 
     @classmethod
     def from_settings(cls, location: str, settings: Settings) -> Self:
@@ -225,10 +226,11 @@ class S3Source(Source):
                 skipped.append((key, str(exc)))
         # Listings name a checksum's algorithm, not its value: a HEAD may find the value later,
         # unless the listing already says it is a composite of the parts (which verifies nothing).
+        self._listed_composite = {o["Key"] for o in objects if o.get("ChecksumType") == "COMPOSITE"}
         self._with_additional = {
             o["Key"]
             for o in objects
-            if o.get("ChecksumAlgorithm") and o.get("ChecksumType") != "COMPOSITE"
+            if o.get("ChecksumAlgorithm") and o["Key"] not in self._listed_composite
         }
         return Listing(None, files, skipped)
 
@@ -284,8 +286,17 @@ class S3Source(Source):
     def checksum_for(self, file: RemoteFile, headers: Mapping[str, str]) -> Checksum | None:
         """Prefer the object's additional checksum (from the GET, else one HEAD), then the
         ETag's MD5 — except with SSE-KMS or SSE-C, where the ETag is not the content's MD5."""
-        found = full_object_checksum(_checksum_headers(headers))
-        if found is None and file.locator in self._with_additional:
+        # Only a whole-object response's checksum headers describe the object: what a server
+        # attaches to a ranged one (rclone: the object's; others: perhaps the range's) is unsure.
+        ranged = bool(headers.get("Content-Range"))
+        found = None if ranged else full_object_checksum(_checksum_headers(headers))
+        # One HEAD per file fetched in ranges (large files: its cost is nothing beside theirs),
+        # or listed with an algorithm; never for what the listing called a composite.
+        if (
+            found is None
+            and file.locator not in self._listed_composite
+            and (ranged or file.locator in self._with_additional)
+        ):
             head = self._head_object(file.locator)
             found = full_object_checksum(head) if head else None
         if found is not None:

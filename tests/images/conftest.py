@@ -148,6 +148,11 @@ def owned_dir(path: Path, uid: int = IMAGE_UID, gid: int = 0, mode: int = 0o755)
     return path
 
 
+def owners(root: Path) -> set[tuple[int, int]]:
+    """UID:GID of ``root`` and of every entry under it, symlinks themselves included."""
+    return {(p.lstat().st_uid, p.lstat().st_gid) for p in [root, *root.rglob("*")]}
+
+
 @pytest.fixture
 def workspace(tmp_path: Path) -> Path:
     return owned_dir(tmp_path / "workspace")

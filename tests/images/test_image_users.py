@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import ACCESS_KEY, SECRET_KEY, tree
-from tests.images.conftest import BUILD_TIMEOUT, IMAGE_UID, owned_dir
+from tests.images.conftest import BUILD_TIMEOUT, IMAGE_UID, owned_dir, owners
 
 pytestmark = [pytest.mark.images, pytest.mark.timeout(BUILD_TIMEOUT + 300)]
 
@@ -36,11 +35,6 @@ def fill(bucket) -> dict[str, str]:
     for key, body in MODEL.items():
         bucket.put(f"llama/{key}", body)
     return {"STORAGE_URI": bucket.uri("llama"), "ENDPOINT": bucket.endpoint, **S3_KEYS}
-
-
-def owners(root: Path) -> set[tuple[int, int]]:
-    """UID:GID of ``root`` and of every entry under it, symlinks themselves included."""
-    return {(p.lstat().st_uid, p.lstat().st_gid) for p in [root, *root.rglob("*")]}
 
 
 def test_a_host_users_folder_gets_files_that_user_owns_and_can_delete(

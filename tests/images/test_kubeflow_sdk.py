@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ACCESS_KEY, SECRET_KEY
-from tests.images.conftest import BUILD_TIMEOUT, IMAGE_UID, owned_dir
+from tests.images.conftest import BUILD_TIMEOUT, IMAGE_UID, owned_dir, owners
 from tests.podman import CONTAINERS_CONF, podman
 from tests.servers.locked_s3 import LockedS3, locked_s3
 
@@ -243,10 +243,6 @@ def leftovers(home: Path, name: str) -> list[str]:
     if folder.exists():
         left += [f"file {p}" for p in [folder, *folder.rglob("*")]]
     return left
-
-
-def owners(root: Path) -> set[tuple[int, int]]:
-    return {(p.lstat().st_uid, p.lstat().st_gid) for p in [root, *root.rglob("*")]}
 
 
 def as_user(uid: int, gid: int, function: Callable[..., object]) -> Callable[..., None]:

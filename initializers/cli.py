@@ -15,6 +15,7 @@ import threading
 import traceback
 from pathlib import Path
 from types import FrameType
+from typing import NoReturn
 
 from initializers.config import (
     DEFAULT_TERMINATION_LOG,
@@ -25,13 +26,28 @@ from initializers.config import (
 )
 from initializers.engine import Engine, Interrupted, describe_outcome
 from initializers.errors import ExitCode, InitializerError, NotFoundError
+from initializers.interrupts import interrupt_reads
 from initializers.logs import RedactSecrets, configure
 from initializers.retry import RetryPolicy
 from initializers.selection import select
 from initializers.sources import open_source
-from initializers.transport import interrupt_reads
 
 log = logging.getLogger("initializers")
+
+
+def main_for(defaults: AssetDefaults, argv: list[str] | None = None) -> NoReturn:
+    """An entrypoint's whole life: run, then end the process with the exit code.
+
+    It ends without the interpreter's teardown, after flushing the logs and stdio: the native
+    client's runtime threads can abort a normal interpreter exit (SIGABRT, exit 134) after all
+    work is done and reported (obstore 0.12; seen on this machine).
+    """
+    code = run(defaults, argv)
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def run(defaults: AssetDefaults, argv: list[str] | None = None) -> int:

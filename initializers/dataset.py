@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
+from typing import NoReturn
 
-from initializers.cli import run
+from initializers.cli import main_for
 from initializers.config import AssetDefaults
 
 DEFAULTS = AssetDefaults(kind="dataset", output=Path("/workspace/dataset"))
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run(DEFAULTS, argv)
+def main(argv: list[str] | None = None) -> NoReturn:
+    main_for(DEFAULTS, argv)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

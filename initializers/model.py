@@ -6,10 +6,10 @@ other weight formats only when the source has no safetensors.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
+from typing import NoReturn
 
-from initializers.cli import run
+from initializers.cli import main_for
 from initializers.config import AssetDefaults
 
 DEFAULTS = AssetDefaults(
@@ -30,9 +30,9 @@ DEFAULTS = AssetDefaults(
 )
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run(DEFAULTS, argv)
+def main(argv: list[str] | None = None) -> NoReturn:
+    main_for(DEFAULTS, argv)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

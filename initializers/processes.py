@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from initializers.errors import ExitCode, InitializerError
-from initializers.transport import interrupt_reads
+from initializers.interrupts import interrupt_reads
 
 FILES_PER_PROCESS = 64  # fewer single-range files than this per process: threads suffice
 MAX_PROCESSES = 4

@@ -31,19 +31,18 @@ from urllib3.exceptions import (
 )
 
 from initializers.errors import (
-    AuthError,
     InitializerError,
     IntegrityError,
-    NotFoundError,
     TransientError,
     UsageError,
 )
+from initializers.httpstatus import check_status
+from initializers.interrupts import on_interrupt
 from initializers.streams import RangeReader
 
 log = logging.getLogger(__name__)
 
 CHUNK_SIZE = 1 << 20
-TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 CONNECT_TIMEOUT = 10.0
 
 
@@ -103,6 +102,7 @@ class _HTTPSPool(urllib3.HTTPSConnectionPool):
 _POOLS = {"http": _HTTPPool, "https": _HTTPSPool}
 
 
+@on_interrupt
 def interrupt_reads() -> None:
     """Shut down every open connection, so a read blocked on a stalled server returns at once.
 
@@ -278,31 +278,6 @@ class HttpRangeReader(RangeReader):
         if not finished:
             self._response.close()
         self._response.release_conn()
-
-
-def check_status(status: int, what: str, headers: Mapping[str, str] | None = None) -> None:
-    """Raise the typed error an HTTP status means for ``what``; return on 2xx."""
-    if 200 <= status < 300:
-        return
-    if status in TRANSIENT_STATUSES:
-        raise TransientError(f"{what}: HTTP {status}")
-    if status in (401, 403):
-        raise AuthError(
-            f"{what}: access denied (HTTP {status}); check the credentials and "
-            "that they grant read access"
-        )
-    if status == 404:
-        raise NotFoundError(
-            f"{what}: not found (HTTP 404); it may have been deleted or renamed since it was listed"
-        )
-    if status == 412:
-        raise IntegrityError(
-            f"{what}: changed on the server while it was being fetched; "
-            "rerun to fetch the new version"
-        )
-    if status == 416:
-        raise IntegrityError(f"{what}: the server no longer has the bytes it listed; rerun")
-    raise InitializerError(f"{what}: unexpected HTTP {status} from the server")
 
 
 def check_range(status: int, headers: Mapping[str, str], start: int, end: int, what: str) -> None:

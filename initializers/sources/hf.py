@@ -2,19 +2,19 @@
 
 huggingface_hub parses the URI (``hf://[datasets/]org/repo[@rev][/path]``), resolves the
 revision to a commit, lists the tree and raises typed errors for private, gated and missing
-repos. Bytes come from the ``resolve`` URL pinned to that commit, as ranged GETs through the
-shared transport: redirects to the CDN (or, for Xet-backed files on the real Hub, to its HTTP
-bridge) are followed and the token is never sent to another host.
+repos. Bytes come from the ``resolve`` URL pinned to that commit, over the native byte path
+(:mod:`initializers.native`): redirects to the CDN (or, for Xet-backed files on the real Hub, to
+its HTTP bridge) are followed and the token is never sent to another host.
 """
 
 from __future__ import annotations
 
 import logging
 from typing import Any, Self
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import httpx2
-from huggingface_hub import HfApi, get_session, hf_hub_url
+from huggingface_hub import HfApi, get_session
 from huggingface_hub.errors import (
     DisabledRepoError,
     EntryNotFoundError,
@@ -31,10 +31,10 @@ from initializers import __version__
 from initializers.config import Settings
 from initializers.errors import AuthError, NotFoundError, TransientError, UsageError
 from initializers.fsutil import UnsafePathError, safe_relpath
+from initializers.native import CONNECT_TIMEOUT, NativeHttp
 from initializers.retry import RetryPolicy
 from initializers.sources.base import Checksum, Listing, RemoteFile, Source
 from initializers.streams import RangeReader
-from initializers.transport import CONNECT_TIMEOUT, HttpTransport
 
 log = logging.getLogger(__name__)
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -96,12 +96,12 @@ class HfSource(Source):
             library_version=__version__,
         )
         _enforce_timeout(settings.timeout)
-        self._transport = HttpTransport(
-            workers=settings.workers, timeout=settings.timeout, ca_bundle=settings.ca_bundle
-        )
-        self._headers = {"User-Agent": f"kf-initializers/{__version__}"}
+        headers = {"User-Agent": f"kf-initializers/{__version__}"}
         if settings.token:
-            self._headers["Authorization"] = f"Bearer {settings.token}"
+            headers["Authorization"] = f"Bearer {settings.token}"
+        self._bytes = NativeHttp(
+            self.endpoint, headers=headers, timeout=settings.timeout, ca_bundle=settings.ca_bundle
+        )
         self._commit: str | None = None
         self._gated = False
 
@@ -182,15 +182,12 @@ class HfSource(Source):
     # -- fetching -------------------------------------------------------------------------------
 
     def open_range(self, file: RemoteFile, start: int, end: int) -> RangeReader:
-        url = hf_hub_url(
-            self.repo_id,
-            file.locator,
-            repo_type=self.repo_type,
-            revision=self._commit,
-            endpoint=self.endpoint,
-        )
+        kind = "" if self.repo_type == "model" else f"{self.repo_type}s/"
+        # The path under the endpoint; the native client percent-encodes each segment.
+        path = f"{kind}{self.repo_id}/resolve/{quote(self._commit or '', safe='')}/{file.locator}"
+        whole = start == 0 and end == file.size
         try:
-            return self._transport.open_range(url, self._headers, start, end, file.path)
+            return self._bytes.open_range(path, start, end, file.path, whole)
         except AuthError:
             if self._gated:  # the Hub lists gated repos freely and refuses only the bytes
                 raise AuthError(self._gated_message()) from None
@@ -207,7 +204,7 @@ class HfSource(Source):
         )
 
     def close(self) -> None:
-        self._transport.close()
+        self._bytes.close()
 
     # -- errors ---------------------------------------------------------------------------------
 

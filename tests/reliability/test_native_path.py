@@ -1,0 +1,116 @@
+"""The native byte path (obstore, used by hf://) stops, times out and resumes as the urllib3 one.
+
+What it does differently: its reads block in Rust, where no socket of ours can be shut down, so
+a stop cancels the requests themselves; and a stall is caught between two reads, not by a total
+request time. These specs drive the real CLI against the local Hub, whose CDN stalls on demand.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+import time
+
+import pytest
+
+from initializers import interrupts, native
+from initializers.errors import TransientError
+from tests.reliability.conftest import FIGURES
+from tests.servers.hub import Fault, fail_times
+
+MIB = 1 << 20
+
+
+def hub_env(hub, out, **extra: str) -> dict[str, str]:
+    return {
+        "STORAGE_URI": "hf://org/m",
+        "HF_ENDPOINT": hub.endpoint,
+        "OUTPUT_PATH": str(out),
+        **extra,
+    }
+
+
+def wait_for_cdn_get(hub, deadline_s: float = 30) -> None:
+    deadline = time.monotonic() + deadline_s
+    while not hub.find_requests(server="cdn", method="GET") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert hub.find_requests(server="cdn", method="GET"), "the fetch never reached the CDN"
+
+
+@pytest.mark.parametrize("stalled", ["before the headers", "mid-body"])
+def test_sigterm_while_the_cdn_stalls_exits_143_at_once_and_the_rerun_resumes(
+    stalled, hub, launch, run_initializer, tmp_path
+):
+    weights = os.urandom(20 * MIB)
+    hub.add_repo("org/m", {"model.safetensors": weights, "config.json": b"{}"})
+    stall = Fault.delay(600) if stalled == "before the headers" else Fault.truncate(12 * MIB, 600)
+    hub.fault = fail_times(1, stall, server="cdn", method="GET")
+    out = tmp_path / "out"
+    env = hub_env(hub, out, TIMEOUT="120")  # a read would wait 120 s
+    live = launch("model", env=env)
+    wait_for_cdn_get(hub)
+    time.sleep(1.5)  # the bytes before the stall are through; the read now waits in Rust
+    stopped_at = time.monotonic()
+    live.signal(signal.SIGTERM)
+    code = live.finish(timeout=60)
+    took = time.monotonic() - stopped_at
+    assert code == 143, live.stderr
+    assert took < 5.0, f"{took:.1f}s to stop"
+    assert "rerun to resume" in live.stderr
+    assert not (out / "model.safetensors").exists()
+
+    rerun = run_initializer("model", env=env)
+    assert rerun.code == 0, rerun.output
+    assert (out / "model.safetensors").read_bytes() == weights
+    if stalled == "mid-body":  # what came before the stall is kept (in 1 MiB chunks or more)
+        kept = re.search(r"resuming ([\d.]+) MiB already on disk", rerun.stderr)
+        assert kept and 8 <= float(kept[1]) <= 12, rerun.stderr
+    FIGURES["SIGTERMs survived"] += 1
+
+
+def test_a_cdn_that_stalls_mid_body_exits_7_after_the_retries_instead_of_hanging(
+    hub, launch, tmp_path
+):
+    hub.add_repo("org/m", {"model.safetensors": os.urandom(3 * MIB)})
+    hub.fault = fail_times(10**6, Fault.truncate(MIB, 600), server="cdn", method="GET")
+    live = launch("model", env=hub_env(hub, tmp_path / "out", TIMEOUT="1", RETRIES="2"))
+    code = live.finish(timeout=60)
+    assert code == 7, live.stderr
+    assert "stalled past the timeout" in live.stderr
+    assert "still failing after 2 attempts" in live.stderr
+    assert live.seconds < 30
+
+
+def test_a_native_request_in_flight_is_cancelled_by_the_stop_and_a_later_one_refused(
+    hub, monkeypatch
+):
+    sha = hub.add_repo("org/m", {"model.safetensors": os.urandom(2 * MIB)})
+    hub.fault = fail_times(10**6, Fault.delay(600), server="cdn", method="GET")
+    monkeypatch.setattr(native, "_stopped", False)  # the latch is process-wide
+    path = f"org/m/resolve/{sha}/model.safetensors"
+    client = native.NativeHttp(hub.endpoint, headers={}, timeout=120)  # a read would wait 120 s
+    failures: list[BaseException] = []
+
+    def fetch() -> None:
+        try:
+            client.open_range(path, 0, 2 * MIB, "model.safetensors", whole=True)
+        except BaseException as exc:
+            failures.append(exc)
+
+    worker = threading.Thread(target=fetch)
+    worker.start()
+    wait_for_cdn_get(hub)
+    started = time.monotonic()
+    interrupts.interrupt_reads()  # what the SIGTERM handler does
+    worker.join(10)
+    assert not worker.is_alive()
+    assert time.monotonic() - started < 2.0
+    assert len(failures) == 1 and isinstance(failures[0], TransientError), failures
+    assert "stopped" in str(failures[0])
+
+    started = time.monotonic()
+    with pytest.raises(TransientError, match="stopped"):
+        client.open_range(path, 0, 2 * MIB, "model.safetensors", whole=True)
+    assert time.monotonic() - started < 1.0

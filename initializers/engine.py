@@ -32,6 +32,7 @@ from pathlib import Path
 
 from initializers import checksum as checksums
 from initializers import processes
+from initializers.commits import GroupCommit, Verified
 from initializers.errors import (
     ExitCode,
     InitializerError,
@@ -312,6 +313,7 @@ class Engine:
         self.label = label
         self.progress_interval = progress_interval
         self._commits = CommitLog(dest)
+        self._group = GroupCommit(dest, self._commits)  # one per run of jobs (per process)
         self._progress = Progress(0, 0, 0)
 
     # -- planning -------------------------------------------------------------------------------
@@ -501,13 +503,8 @@ class Engine:
         return self._run_jobs(jobs, workers)
 
     def _run_jobs(self, jobs: list[FileJob], workers: int) -> dict[str, FileRecord]:
-        committed: dict[str, FileRecord] = {}
-        lock = threading.Lock()
-
-        def finish(job: FileJob) -> None:
-            record = self._commit(job)
-            with lock:
-                committed[job.remote.path] = record
+        self._group = GroupCommit(self.dest, self._commits)
+        finish = self._commit
 
         def run_range(job: FileJob, start: int, end: int) -> None:
             self._fetch_range(job, start, end)
@@ -535,7 +532,11 @@ class Engine:
             raise real[0]
         if errors or self.stop.is_set():
             raise Interrupted("stopped by a signal; rerun to resume (fetched bytes are kept)")
-        return committed
+        try:
+            self._group.flush()
+        except OSError as exc:
+            raise _storage_error(exc, self.dest) from None
+        return self._group.records
 
     def _fetch_range(self, job: FileJob, start: int, end: int) -> None:
         """Fetch ``[start, end)`` into the .part, resuming within the range on retries.
@@ -609,8 +610,8 @@ class Engine:
 
     # -- committing -----------------------------------------------------------------------------
 
-    def _commit(self, job: FileJob) -> FileRecord:
-        """Verify the finished .part, make it durable and give it its final name."""
+    def _commit(self, job: FileJob) -> None:
+        """Verify the finished .part, then queue it for its batch's durable rename."""
         expected = job.expected_checksum(self.source)
         if expected:
             if job.streamed_digest:
@@ -621,28 +622,27 @@ class Engine:
                 actual = checksums.digest_file(job.open(), job.remote.size, expected.algorithm)
             if actual != expected.value:
                 return self._refetch_after_mismatch(job, str(expected), actual)
-        try:
-            os.fsync(job.open())
-            job.close()
-            os.replace(job.part, job.final)
-            mtime_ns = os.stat(job.final).st_mtime_ns
-        except OSError as exc:
-            raise _storage_error(exc, job.final) from None
-        job.journal.remove()
-        record = FileRecord(
+        verified = Verified(
+            path=job.remote.path,
+            part=job.part,
+            final=job.final,
             size=job.remote.size,
             checksum=str(expected) if expected else None,
             version=job.remote.version,
-            mtime_ns=mtime_ns,
+            on_commit=partial(self._committed, job),
         )
         try:
-            self._commits.append(job.remote.path, record)
+            self._group.add(job.open(), verified)
+            job.close()
         except OSError as exc:
-            raise _storage_error(exc, self._commits.path) from None
-        self._progress.file_done()
-        return record
+            raise _storage_error(exc, job.final) from None
 
-    def _refetch_after_mismatch(self, job: FileJob, expected: str, actual: str) -> FileRecord:
+    def _committed(self, job: FileJob) -> None:
+        """After ``job``'s rename: its journal has nothing left to say."""
+        job.journal.remove()
+        self._progress.file_done()
+
+    def _refetch_after_mismatch(self, job: FileJob, expected: str, actual: str) -> None:
         if job.refetched:
             job.discard()
             raise IntegrityError(
@@ -657,7 +657,7 @@ class Engine:
         job.plan()
         for start, end in job.ranges:
             self._fetch_range(job, start, end)
-        return self._commit(job)
+        self._commit(job)
 
 
 def describe_outcome(label: str, outcome: Outcome) -> str:

@@ -116,7 +116,14 @@ class CommitLog:
         return records
 
     def append(self, path: str, record: FileRecord) -> None:
-        line = (json.dumps({"path": path, **record.to_dict()}) + "\n").encode()
+        self.append_all({path: record})
+
+    def append_all(self, records: dict[str, FileRecord]) -> None:
+        """Record ``records`` with one write (a line each)."""
+        line = "".join(
+            json.dumps({"path": path, **record.to_dict()}) + "\n"
+            for path, record in records.items()
+        ).encode()
         with self._lock:
             if self._fd is None:
                 flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW

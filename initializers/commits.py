@@ -1,0 +1,121 @@
+"""Group commit: verified files are made durable together, then renamed and recorded.
+
+Why: one blocking fsync per file cost the benchmark's 2,002-file dataset 0.6-1.0 s of its
+~2.5 s of local work (an in-memory source, 16 threads, this machine), each fsync a journal
+commit of its own. Here a file's writeback is started the moment its last byte is written
+(``sync_file_range``), so the disk works while the network does; a batch of verified files then
+costs one ``syncfs`` — one wait, one journal commit — before the batch is renamed to its final
+names and its commit records are written in one append.
+
+The promise is unchanged: a final name only ever holds bytes that were durable before the
+rename, and a commit record only names a renamed file. A stop or a kill before a batch is
+flushed leaves its files as ``.part`` files: the next run fetches small ones again and resumes
+large ones from their journals. Where ``syncfs`` is missing, each file of the batch is fsynced.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from initializers.fsutil import start_writeback, syncfs
+from initializers.journal import CommitLog
+from initializers.manifest import FileRecord
+
+MAX_FILES = 64  # a batch is flushed once it holds this many files...
+MAX_BYTES = 256 << 20  # ...or this many bytes...
+MAX_AGE = 0.5  # ...or its oldest file has waited this long (seconds)
+
+
+@dataclass
+class Verified:
+    """A file whose bytes are all in its .part and verified, waiting for its batch."""
+
+    path: str  # relative to the destination
+    part: Path
+    final: Path
+    size: int
+    checksum: str | None
+    version: str | None
+    on_commit: Callable[[], None]  # after its rename: drop its journal, count it done
+
+
+class GroupCommit:
+    """Collects verified files and commits them in batches; thread-safe.
+
+    Workers call :meth:`add`; the worker whose addition fills a batch flushes it (the others
+    keep fetching). :meth:`flush` commits whatever is left at the end of a run.
+    """
+
+    def __init__(self, dest: Path, log: CommitLog) -> None:
+        self._dest = dest
+        self._log = log
+        self._lock = threading.Lock()
+        self._flushing = threading.Lock()
+        self._pending: list[Verified] = []
+        self._pending_bytes = 0
+        self._oldest = 0.0
+        self.records: dict[str, FileRecord] = {}
+
+    def add(self, fd: int, file: Verified) -> None:
+        """Queue ``file`` (its .part open as ``fd``, which the caller closes after this)."""
+        start_writeback(fd, 0, 0)  # the whole file, without waiting
+        with self._lock:
+            if not self._pending:
+                self._oldest = time.monotonic()
+            self._pending.append(file)
+            self._pending_bytes += file.size
+            full = (
+                len(self._pending) >= MAX_FILES
+                or self._pending_bytes >= MAX_BYTES
+                or time.monotonic() - self._oldest >= MAX_AGE
+            )
+        if full and self._flushing.acquire(blocking=False):  # one flush at a time
+            try:
+                self._flush_pending()
+            finally:
+                self._flushing.release()
+
+    def flush(self) -> None:
+        """Commit every file still queued (the end of a run)."""
+        with self._flushing:
+            self._flush_pending()
+
+    def _flush_pending(self) -> None:
+        with self._lock:
+            batch, self._pending, self._pending_bytes = self._pending, [], 0
+        if not batch:
+            return
+        self._make_durable(batch)
+        records: dict[str, FileRecord] = {}
+        for file in batch:
+            os.replace(file.part, file.final)
+            records[file.path] = FileRecord(
+                size=file.size,
+                checksum=file.checksum,
+                version=file.version,
+                mtime_ns=os.stat(file.final).st_mtime_ns,
+            )
+            file.on_commit()
+        self._log.append_all(records)
+        with self._lock:
+            self.records.update(records)
+
+    def _make_durable(self, batch: list[Verified]) -> None:
+        if syncfs is not None:
+            fd = os.open(self._dest, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                if syncfs(fd):
+                    return
+            finally:
+                os.close(fd)
+        for file in batch:  # no syncfs here, or it failed: one fsync each
+            fd = os.open(file.part, os.O_RDONLY | os.O_NOFOLLOW)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)

@@ -512,12 +512,11 @@ class Engine:
                 finish(job)
 
         try:
+            order = list(_interleaved(jobs, max(1, workers // 2)))
+            self.source.read_ahead([(job.remote, s, e) for job, (s, e) in order])
             with ThreadPoolExecutor(workers, thread_name_prefix="fetch") as pool:
                 futures = [pool.submit(finish, job) for job in jobs if not job.ranges]
-                futures.extend(
-                    pool.submit(run_range, job, s, e)
-                    for job, (s, e) in _interleaved(jobs, max(1, workers // 2))
-                )
+                futures.extend(pool.submit(run_range, job, s, e) for job, (s, e) in order)
                 done, _ = wait(futures, return_when=FIRST_EXCEPTION)
                 if any(f.exception() for f in done):
                     self.stop.set()

@@ -293,3 +293,25 @@ def test_the_dataset_initializer_reads_an_untyped_uri_as_a_dataset_repo_like_ups
         "dataset", env=hf_env(hub, "hf://models/tatsu-lab/alpaca", tmp_path / "x")
     )
     assert tree(tmp_path / "x") == {"config.json": b"a model of the same name"}, explicit.output
+
+
+def test_many_small_files_requested_ahead_keep_peak_memory_under_200_mib(hub, tmp_path):
+    # 500 MiB of bodies under 1 MiB each, all read ahead of the workers: none may be held
+    # once written (a body kept alive by its read-ahead future once cost 1.2 GiB on 1 GiB).
+    body = tmp_path / "shard.jsonl"
+    body.write_bytes(os.urandom((1 << 20) - 7))
+    hub.add_repo("org/d", {f"data/{i:03d}.jsonl": body for i in range(500)}, repo_type="dataset")
+    out = tmp_path / "out"
+    env = clean_env(tmp_path, **hf_env(hub, "hf://datasets/org/d", out))
+    probe = (
+        "import resource, subprocess, sys;"
+        "code = subprocess.call([sys.executable, '-m', 'initializers.dataset']);"
+        "print(code, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300
+    )
+    code, peak_kib = result.stdout.split()
+    assert code == "0", result.stderr
+    assert int(peak_kib) < 200 * 1024, f"peak RSS {int(peak_kib) // 1024} MiB"
+    assert len(list((out / "data").iterdir())) == 500

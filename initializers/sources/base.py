@@ -69,6 +69,10 @@ class Source(ABC):
     def open_range(self, file: RemoteFile, start: int, end: int) -> RangeReader:
         """Open bytes ``[start, end)`` of ``file``."""
 
+    def read_ahead(self, ranges: list[tuple[RemoteFile, int, int]]) -> None:  # noqa: B027
+        """A hint: these ``(file, start, end)`` ranges will be opened, in about this order; a
+        source may start requesting them now."""
+
     def checksum_for(self, file: RemoteFile, headers: Mapping[str, str]) -> Checksum | None:
         """The digest to verify, given the response headers (a source may withdraw it)."""
         return file.checksum

@@ -2,9 +2,11 @@
 
 huggingface_hub parses the URI (``hf://[datasets/]org/repo[@rev][/path]``), resolves the
 revision to a commit, lists the tree and raises typed errors for private, gated and missing
-repos. Bytes come from the ``resolve`` URL pinned to that commit, over the native byte path
-(:mod:`initializers.native`): redirects to the CDN (or, for Xet-backed files on the real Hub, to
-its HTTP bridge) are followed and the token is never sent to another host.
+repos. Bytes come from the ``resolve`` URL pinned to that commit: small files over the native
+byte path (:mod:`initializers.native`, requested ahead of the workers), large ranges over the
+urllib3 transport (:mod:`initializers.transport`; native.py says why). Either way redirects to
+the CDN (or, for Xet-backed files on the real Hub, to its HTTP bridge) are followed and the token
+is never sent to another host.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any, Self
 from urllib.parse import quote, urlsplit
 
 import httpx2
-from huggingface_hub import HfApi, get_session
+from huggingface_hub import HfApi, get_session, hf_hub_url
 from huggingface_hub.errors import (
     DisabledRepoError,
     EntryNotFoundError,
@@ -31,10 +33,11 @@ from initializers import __version__
 from initializers.config import Settings
 from initializers.errors import AuthError, NotFoundError, TransientError, UsageError
 from initializers.fsutil import UnsafePathError, safe_relpath
-from initializers.native import CONNECT_TIMEOUT, NativeHttp
+from initializers.native import WHOLE_BODY, NativeHttp
 from initializers.retry import RetryPolicy
 from initializers.sources.base import Checksum, Listing, RemoteFile, Source
 from initializers.streams import RangeReader
+from initializers.transport import CONNECT_TIMEOUT, HttpTransport
 
 log = logging.getLogger(__name__)
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -99,8 +102,12 @@ class HfSource(Source):
         headers = {"User-Agent": f"kf-initializers/{__version__}"}
         if settings.token:
             headers["Authorization"] = f"Bearer {settings.token}"
-        self._bytes = NativeHttp(
+        self._headers = headers
+        self._small = NativeHttp(
             self.endpoint, headers=headers, timeout=settings.timeout, ca_bundle=settings.ca_bundle
+        )
+        self._large = HttpTransport(
+            workers=settings.workers, timeout=settings.timeout, ca_bundle=settings.ca_bundle
         )
         self._commit: str | None = None
         self._gated = False
@@ -181,13 +188,36 @@ class HfSource(Source):
 
     # -- fetching -------------------------------------------------------------------------------
 
-    def open_range(self, file: RemoteFile, start: int, end: int) -> RangeReader:
+    def _resolve_path(self, file: RemoteFile) -> str:
+        """The file's ``resolve`` path under the endpoint, pinned to the listed commit (the
+        native client percent-encodes each segment)."""
         kind = "" if self.repo_type == "model" else f"{self.repo_type}s/"
-        # The path under the endpoint; the native client percent-encodes each segment.
-        path = f"{kind}{self.repo_id}/resolve/{quote(self._commit or '', safe='')}/{file.locator}"
+        return f"{kind}{self.repo_id}/resolve/{quote(self._commit or '', safe='')}/{file.locator}"
+
+    def read_ahead(self, ranges: list[tuple[RemoteFile, int, int]]) -> None:
+        self._small.read_ahead(
+            [
+                (self._resolve_path(f), s, e, s == 0 and e == f.size)
+                for f, s, e in ranges
+                if e - s <= WHOLE_BODY
+            ]
+        )
+
+    def open_range(self, file: RemoteFile, start: int, end: int) -> RangeReader:
         whole = start == 0 and end == file.size
         try:
-            return self._bytes.open_range(path, start, end, file.path, whole)
+            if end - start <= WHOLE_BODY:
+                return self._small.open_range(
+                    self._resolve_path(file), start, end, file.path, whole
+                )
+            url = hf_hub_url(
+                self.repo_id,
+                file.locator,
+                repo_type=self.repo_type,
+                revision=self._commit,
+                endpoint=self.endpoint,
+            )
+            return self._large.open_range(url, self._headers, start, end, file.path)
         except AuthError:
             if self._gated:  # the Hub lists gated repos freely and refuses only the bytes
                 raise AuthError(self._gated_message()) from None
@@ -204,7 +234,8 @@ class HfSource(Source):
         )
 
     def close(self) -> None:
-        self._bytes.close()
+        self._small.close()
+        self._large.close()
 
     # -- errors ---------------------------------------------------------------------------------
 

@@ -1,14 +1,15 @@
-"""The native byte path (obstore, used by hf://) stops, times out and resumes as the urllib3 one.
+"""The Hub's two byte paths stop, time out and resume alike: native for small files, urllib3 for
+large ranges.
 
-What it does differently: its reads block in Rust, where no socket of ours can be shut down, so
-a stop cancels the requests themselves; and a stall is caught between two reads, not by a total
-request time. These specs drive the real CLI against the local Hub, whose CDN stalls on demand.
+What the native path (obstore) does differently: its reads wait in Rust, where no socket of ours
+can be shut down, so a stop ends the waits and refuses new requests; a stall is caught between
+two reads; and small files are requested ahead of the workers. These specs drive the real CLI
+(and, for the cancel, the client itself) against the local Hub, whose CDN stalls on demand.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import signal
 import threading
 import time
@@ -17,6 +18,7 @@ import pytest
 
 from initializers import interrupts, native
 from initializers.errors import TransientError
+from initializers.progress import human_bytes
 from tests.reliability.conftest import FIGURES
 from tests.servers.hub import Fault, fail_times
 
@@ -39,11 +41,15 @@ def wait_for_cdn_get(hub, deadline_s: float = 30) -> None:
     assert hub.find_requests(server="cdn", method="GET"), "the fetch never reached the CDN"
 
 
-@pytest.mark.parametrize("stalled", ["before the headers", "mid-body"])
+@pytest.mark.parametrize(
+    ("stalled", "size"),
+    [("before the headers", 512 << 10), ("mid-body", 20 * MIB)],
+    ids=["native-small-file-before-headers", "urllib3-large-file-mid-body"],
+)
 def test_sigterm_while_the_cdn_stalls_exits_143_at_once_and_the_rerun_resumes(
-    stalled, hub, launch, run_initializer, tmp_path
+    stalled, size, hub, launch, run_initializer, tmp_path
 ):
-    weights = os.urandom(20 * MIB)
+    weights = os.urandom(size)
     hub.add_repo("org/m", {"model.safetensors": weights, "config.json": b"{}"})
     stall = Fault.delay(600) if stalled == "before the headers" else Fault.truncate(12 * MIB, 600)
     hub.fault = fail_times(1, stall, server="cdn", method="GET")
@@ -64,17 +70,16 @@ def test_sigterm_while_the_cdn_stalls_exits_143_at_once_and_the_rerun_resumes(
     rerun = run_initializer("model", env=env)
     assert rerun.code == 0, rerun.output
     assert (out / "model.safetensors").read_bytes() == weights
-    if stalled == "mid-body":  # what came before the stall is kept (in 1 MiB chunks or more)
-        kept = re.search(r"resuming ([\d.]+) MiB already on disk", rerun.stderr)
-        assert kept and 8 <= float(kept[1]) <= 12, rerun.stderr
+    if stalled == "mid-body":  # what came before the stall is kept
+        assert f"resuming {human_bytes(12 * MIB)} already on disk" in rerun.stderr, rerun.stderr
     FIGURES["SIGTERMs survived"] += 1
 
 
-def test_a_cdn_that_stalls_mid_body_exits_7_after_the_retries_instead_of_hanging(
+def test_a_small_file_whose_body_stalls_exits_7_after_the_retries_instead_of_hanging(
     hub, launch, tmp_path
 ):
-    hub.add_repo("org/m", {"model.safetensors": os.urandom(3 * MIB)})
-    hub.fault = fail_times(10**6, Fault.truncate(MIB, 600), server="cdn", method="GET")
+    hub.add_repo("org/m", {"model.safetensors": os.urandom(512 << 10)})
+    hub.fault = fail_times(10**6, Fault.truncate(100_000, 600), server="cdn", method="GET")
     live = launch("model", env=hub_env(hub, tmp_path / "out", TIMEOUT="1", RETRIES="2"))
     code = live.finish(timeout=60)
     assert code == 7, live.stderr
@@ -86,7 +91,7 @@ def test_a_cdn_that_stalls_mid_body_exits_7_after_the_retries_instead_of_hanging
 def test_a_native_request_in_flight_is_cancelled_by_the_stop_and_a_later_one_refused(
     hub, monkeypatch
 ):
-    sha = hub.add_repo("org/m", {"model.safetensors": os.urandom(2 * MIB)})
+    sha = hub.add_repo("org/m", {"model.safetensors": os.urandom(512 << 10)})
     hub.fault = fail_times(10**6, Fault.delay(600), server="cdn", method="GET")
     monkeypatch.setattr(native, "_stopped", False)  # the latch is process-wide
     path = f"org/m/resolve/{sha}/model.safetensors"
@@ -95,7 +100,7 @@ def test_a_native_request_in_flight_is_cancelled_by_the_stop_and_a_later_one_ref
 
     def fetch() -> None:
         try:
-            client.open_range(path, 0, 2 * MIB, "model.safetensors", whole=True)
+            client.open_range(path, 0, 512 << 10, "model.safetensors", whole=True)
         except BaseException as exc:
             failures.append(exc)
 
@@ -112,5 +117,33 @@ def test_a_native_request_in_flight_is_cancelled_by_the_stop_and_a_later_one_ref
 
     started = time.monotonic()
     with pytest.raises(TransientError, match="stopped"):
-        client.open_range(path, 0, 2 * MIB, "model.safetensors", whole=True)
+        client.open_range(path, 0, 512 << 10, "model.safetensors", whole=True)
     assert time.monotonic() - started < 1.0
+
+
+def test_small_files_are_requested_ahead_of_the_workers_not_two_at_a_time(
+    hub, run_initializer, tmp_path
+):
+    # Requests in flight are what a store 20 ms away needs, and two workers must not mean two:
+    # every resolve here waits 1 s, so all those that arrive within 0.9 s of the first are open
+    # at the same time.
+    files = {f"data/{i:02d}.jsonl": os.urandom(1000 + i) for i in range(24)}
+    hub.add_repo("org/m", files, repo_type="dataset")
+    arrivals: list[float] = []
+    lock = threading.Lock()
+
+    def slow_resolves(request):
+        if "/resolve/" not in request.path:
+            return None
+        with lock:
+            arrivals.append(time.monotonic())
+        return Fault.delay(1.0)
+
+    hub.fault = slow_resolves
+    out = tmp_path / "out"
+    env = {**hub_env(hub, out, WORKERS="2"), "STORAGE_URI": "hf://datasets/org/m"}
+    result = run_initializer("dataset", env=env)
+    assert result.code == 0, result.output
+    assert {name: (out / name).read_bytes() for name in files} == files
+    open_together = sum(1 for t in arrivals if t - arrivals[0] < 0.9)
+    assert open_together >= 8, (open_together, [round(t - arrivals[0], 2) for t in arrivals])

@@ -24,8 +24,8 @@ from initializers.config import (
     load_settings,
     termination_log_for_bad_settings,
 )
-from initializers.engine import Engine, Interrupted, describe_outcome
-from initializers.errors import ExitCode, InitializerError, NotFoundError
+from initializers.engine import Engine, describe_outcome
+from initializers.errors import ExitCode, InitializerError, Interrupted, NotFoundError
 from initializers.interrupts import interrupt_reads
 from initializers.logs import RedactSecrets, configure
 from initializers.retry import RetryPolicy

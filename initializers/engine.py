@@ -1,8 +1,11 @@
 """The transfer engine: one implementation of fetching, for every source and both assets.
 
-Given the files a source lists, it decides what is already in place, fetches the rest in
-parallel byte ranges (bounded memory: one 1 MiB chunk in flight per worker), verifies size and
-checksum, commits each file by atomic rename, and writes the manifest last.
+Given the files a source lists, it decides what is already in place (planning), fetches the rest
+in parallel byte ranges (fan-out; bounded memory: one 1 MiB chunk in flight per worker),
+verifies size and checksum, hands verified files to the group commit, and writes the manifest
+last. The other roles live beside it: one file's state in :mod:`initializers.filejob`, batched
+durable renames in :mod:`initializers.commits`, the destination's lock and write errors in
+:mod:`initializers.destination`, worker processes in :mod:`initializers.processes`.
 
 On disk, under the destination::
 
@@ -17,36 +20,29 @@ On disk, under the destination::
 from __future__ import annotations
 
 import errno
-import fcntl
 import logging
 import os
 import shutil
 import threading
 import time
-from collections.abc import Iterator, Mapping
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from functools import partial
-from itertools import zip_longest
 from pathlib import Path
 
 from initializers import checksum as checksums
 from initializers import processes
 from initializers.commits import GroupCommit, Verified
+from initializers.destination import DestinationLock, inside, storage_error
 from initializers.errors import (
-    ExitCode,
     InitializerError,
     IntegrityError,
+    Interrupted,
     LocalStorageError,
 )
-from initializers.fsutil import (
-    ensure_dir_inside,
-    fsync_dir,
-    journal_path,
-    part_path,
-    start_writeback,
-)
-from initializers.journal import CommitLog, RangeJournal, holes, merge
+from initializers.filejob import CHECKPOINT, FileJob, interleaved
+from initializers.fsutil import ensure_dir_inside, fsync_dir, start_writeback
+from initializers.journal import CommitLog
 from initializers.manifest import (
     FileRecord,
     Manifest,
@@ -59,24 +55,15 @@ from initializers.manifest import (
 from initializers.progress import Progress, Reporter
 from initializers.progress import human_bytes as _gib
 from initializers.retry import RetryPolicy
-from initializers.sources.base import Checksum, RemoteFile, Source
+from initializers.sources.base import RemoteFile, Source
 
 log = logging.getLogger(__name__)
 
 MIB = 1 << 20
-RANGE_SIZE = 32 * MIB  # bytes per request for large files
-CHECKPOINT = 8 * MIB  # journal granularity: at most this much is refetched per range on resume
-LOCK_NAME = ".initializer.lock"
 
 
 class Cancelled(Exception):
     """Raised inside workers once the run is stopping (another failure, or SIGTERM)."""
-
-
-class Interrupted(InitializerError):
-    """The run was stopped by a signal; everything fetched so far is kept for a rerun."""
-
-    exit_code = ExitCode.INTERRUPTED
 
 
 @dataclass
@@ -91,203 +78,6 @@ class Outcome:
     removed: list[str] = field(default_factory=list)
     up_to_date: bool = False
     seconds: float = 0.0
-
-
-def _storage_error(exc: OSError, what: Path | str) -> LocalStorageError:
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return LocalStorageError(
-            f"no space left on the volume while writing {what}; free space "
-            "or use a bigger volume, then rerun (fetched bytes are kept)"
-        )
-    if exc.errno == errno.EROFS:
-        return LocalStorageError(
-            f"cannot write {what}: the volume is read-only; mount it read-write"
-        )
-    if exc.errno in (errno.EACCES, errno.EPERM):
-        return LocalStorageError(
-            f"cannot write {what}: {exc.strerror}; make the destination "
-            "writable by this user (fsGroup / permissions)"
-        )
-    return LocalStorageError(f"cannot write {what}: {exc.strerror or exc}")
-
-
-def _inside(dest: Path, target: Path) -> bool:
-    """True when ``target``'s folder is the folder it names under ``dest`` (no symlink on the
-    way, no '..'), so deleting ``target`` cannot touch anything outside the destination."""
-    real_dest = os.path.realpath(dest)
-    expected = os.path.normpath(os.path.join(real_dest, target.relative_to(dest)))
-    return expected.startswith(real_dest + os.sep) and (
-        os.path.realpath(target.parent) == os.path.dirname(expected)
-    )
-
-
-class DestinationLock:
-    """An exclusive flock on the destination, so two initializers never interleave writes."""
-
-    def __init__(self, dest: Path, stop: threading.Event | None = None) -> None:
-        self._path = dest / LOCK_NAME
-        self._fd: int | None = None
-        self._stop = stop or threading.Event()  # SIGTERM ends the wait too
-
-    def __enter__(self) -> DestinationLock:
-        try:
-            self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-        except OSError as exc:
-            raise _storage_error(exc, self._path) from None
-        waited = 0.0
-        while True:
-            try:
-                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return self
-            except BlockingIOError:
-                if waited % 30 == 0:
-                    log.info(
-                        "another initializer is working on %s; waiting for it to finish",
-                        self._path.parent,
-                    )
-                if self._stop.wait(1):
-                    self.__exit__()
-                    raise Interrupted(
-                        "stopped by a signal while another initializer held the destination; "
-                        "rerun to resume"
-                    ) from None
-                waited += 1
-
-    def __exit__(self, *exc: object) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-
-class FileJob:
-    """One file being fetched: its .part, its journal, and the ranges still to do."""
-
-    def __init__(self, remote: RemoteFile, final: Path) -> None:
-        self.remote = remote
-        self.final = final
-        self.part = part_path(final)
-        self.journal = RangeJournal(
-            journal_path(final), {"size": remote.size, "version": remote.version}
-        )
-        self.resumable = remote.size > CHECKPOINT
-        self.fd: int | None = None
-        self.headers: Mapping[str, str] | None = None
-        self.ranges: list[tuple[int, int]] = []
-        self.present = 0  # bytes kept from an interrupted run
-        self.refetched = False  # set after one checksum mismatch; a second one is final
-        self._lock = threading.Lock()
-        self._pending = 0
-        self._resume = False
-        self._expected: Checksum | None = None
-        self._expected_known = False
-        self.streamed_digest: str | None = None  # digest computed while streaming, if any
-        self.kept: list[tuple[int, int]] = []  # spans an interrupted run left on disk
-        self.spans: checksums.SpanDigest | None = None  # digest of a file fetched in ranges
-
-    def plan(self) -> None:
-        """Work out which ranges remain, keeping bytes an interrupted run left (opens nothing:
-        a dataset of many files must not hold a descriptor per file)."""
-        self._resume = self.resumable and self._part_size() == self.remote.size
-        done = self.journal.load() if self._resume else []
-        self._resume = bool(done)
-        missing = holes(done, self.remote.size)
-        self.kept = [(s, min(e, self.remote.size)) for s, e in merge(done) if s < self.remote.size]
-        self.spans = None
-        self.present = self.remote.size - sum(end - start for start, end in missing)
-        self.ranges = [r for start, end in missing for r in _split(start, end)]
-        self._pending = len(self.ranges)
-
-    def open(self) -> int:
-        """The .part's descriptor, opened by whichever worker needs it first."""
-        with self._lock:
-            if self.fd is None:
-                flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW
-                try:
-                    self.fd = os.open(self.part, flags | (0 if self._resume else os.O_TRUNC), 0o644)
-                    os.ftruncate(self.fd, self.remote.size)
-                    if self.resumable:
-                        self.journal.open(fresh=not self._resume)
-                except OSError as exc:
-                    raise _storage_error(exc, self.final) from None
-            return self.fd
-
-    def _part_size(self) -> int:
-        try:
-            return os.stat(self.part, follow_symlinks=False).st_size
-        except OSError:
-            return -1
-
-    def range_finished(self) -> bool:
-        """Count one range done; True for the caller that finished the last one."""
-        with self._lock:
-            self._pending -= 1
-            return self._pending == 0
-
-    def expected_checksum(self, source: Source) -> Checksum | None:
-        """The digest to verify this file against (asked of the source once per fetch)."""
-        if not self._expected_known:
-            expected = source.checksum_for(self.remote, self.headers or {})
-            if expected and not checksums.is_supported(expected.algorithm):
-                log.debug(
-                    "%s: cannot verify %s here; size checked only", self.remote.path, expected
-                )
-                expected = None
-            self._expected, self._expected_known = expected, True
-        return self._expected
-
-    def note_headers(self, headers: Mapping[str, str]) -> None:
-        """Keep the first response's headers (case-insensitive, as the transport gives them)."""
-        if self.headers is None:
-            self.headers = headers
-
-    def span_digest(self, source: Source) -> checksums.SpanDigest | None:
-        """The digest of this file's ranges (:class:`SpanDigest`), if there is a checksum;
-        the first call hands it the spans an interrupted run left on disk."""
-        expected = self.expected_checksum(source)
-        if expected is None:
-            return None
-        with self._lock:
-            first = self.spans is None
-            if first:
-                self.spans = checksums.SpanDigest(expected.algorithm, self.remote.size)
-            spans = self.spans
-        if first and self.kept:
-            fd = self.open()
-            for kept_start, kept_end in self.kept:
-                spans.span_done(fd, kept_start, kept_end)
-        return spans
-
-    def discard(self) -> None:
-        """Forget the bytes on disk (after a checksum mismatch)."""
-        self.streamed_digest = None
-        self.spans = None
-        self.close()
-        self.journal.remove()
-        self.part.unlink(missing_ok=True)
-
-    def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-        self.journal.close()
-
-
-def _split(start: int, end: int) -> list[tuple[int, int]]:
-    if end - start <= RANGE_SIZE + RANGE_SIZE // 2:
-        return [(start, end)]
-    count = -(-(end - start) // RANGE_SIZE)
-    step = -(-(end - start) // count)
-    return [(s, min(s + step, end)) for s in range(start, end, step)]
-
-
-def _interleaved(jobs: list[FileJob], group: int) -> Iterator[tuple[FileJob, tuple[int, int]]]:
-    """Ranges taken in turn from ``group`` files at a time: each file's spans then land in
-    order, so its digest advances during the transfer instead of all at its end, while only a
-    bounded number of files are open at once."""
-    for first in range(0, len(jobs), group):
-        batch = jobs[first : first + group]
-        for ranges in zip_longest(*(job.ranges for job in batch)):
-            yield from ((job, r) for job, r in zip(batch, ranges, strict=True) if r is not None)
 
 
 class Engine:
@@ -330,10 +120,10 @@ class Engine:
         try:
             self.dest.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise _storage_error(exc, self.dest) from None
+            raise storage_error(exc, self.dest) from None
         if not os.access(self.dest, os.W_OK | os.X_OK):
             if os.statvfs(self.dest).f_flag & os.ST_RDONLY:
-                raise _storage_error(OSError(errno.EROFS, "read-only"), self.dest)
+                raise storage_error(OSError(errno.EROFS, "read-only"), self.dest)
             raise LocalStorageError(
                 f"cannot write to {self.dest}: permission denied; make it "
                 "writable by this user (fsGroup / permissions)"
@@ -405,7 +195,7 @@ class Engine:
         try:
             write_manifest(self.dest, manifest)
         except OSError as exc:
-            raise _storage_error(exc, manifest_path(self.dest)) from None
+            raise storage_error(exc, manifest_path(self.dest)) from None
         self._commits.remove()
         return outcome
 
@@ -414,7 +204,7 @@ class Engine:
         removed = []
         for path in stale:
             target = self.dest / path
-            if not _inside(self.dest, target):
+            if not inside(self.dest, target):
                 log.warning("%s: not removing %s: it is outside the destination", self.label, path)
                 continue
             if target.is_file() and not target.is_symlink():
@@ -512,7 +302,7 @@ class Engine:
                 finish(job)
 
         try:
-            order = list(_interleaved(jobs, max(1, workers // 2)))
+            order = list(interleaved(jobs, max(1, workers // 2)))
             self.source.read_ahead([(job.remote, s, e) for job, (s, e) in order])
             with ThreadPoolExecutor(workers, thread_name_prefix="fetch") as pool:
                 futures = [pool.submit(finish, job) for job in jobs if not job.ranges]
@@ -534,7 +324,7 @@ class Engine:
         try:
             self._group.flush()
         except OSError as exc:
-            raise _storage_error(exc, self.dest) from None
+            raise storage_error(exc, self.dest) from None
         return self._group.records
 
     def _fetch_range(self, job: FileJob, start: int, end: int) -> None:
@@ -586,7 +376,7 @@ class Engine:
         try:
             self.retry.call(attempt, job.remote.path)
         except OSError as exc:
-            raise _storage_error(exc, job.final) from None
+            raise storage_error(exc, job.final) from None
         finally:
             if job.resumable and position > checkpoint:
                 job.journal.record(start, position)
@@ -596,7 +386,7 @@ class Engine:
             try:
                 spans.span_done(job.open(), start, end)
             except OSError as exc:
-                raise _storage_error(exc, job.final) from None
+                raise storage_error(exc, job.final) from None
 
     def _write(self, job: FileJob, view: memoryview, offset: int) -> None:
         fd = job.open()
@@ -605,7 +395,7 @@ class Engine:
                 written = os.pwrite(fd, view, offset)
                 view, offset = view[written:], offset + written
         except OSError as exc:
-            raise _storage_error(exc, job.final) from None
+            raise storage_error(exc, job.final) from None
 
     # -- committing -----------------------------------------------------------------------------
 
@@ -634,7 +424,7 @@ class Engine:
             self._group.add(job.open(), verified)
             job.close()
         except OSError as exc:
-            raise _storage_error(exc, job.final) from None
+            raise storage_error(exc, job.final) from None
 
     def _committed(self, job: FileJob) -> None:
         """After ``job``'s rename: its journal has nothing left to say."""

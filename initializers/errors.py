@@ -73,3 +73,9 @@ class TransientError(Exception):
     Raised by sources; the engine retries it and, once the retry budget is spent, turns it into
     :class:`UnavailableError`.
     """
+
+
+class Interrupted(InitializerError):
+    """The run was stopped by a signal; everything fetched so far is kept for a rerun."""
+
+    exit_code = ExitCode.INTERRUPTED

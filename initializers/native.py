@@ -321,7 +321,7 @@ def classify(exc: BaseException, what: str) -> InitializerError:
         return TransientError(f"{what}: the server stalled past the timeout")
     if "redirect" in lowered:
         return TransientError(f"{what}: too many redirects")
-    if "error sending request" in lowered or "connect" in lowered:
+    if "error sending request" in lowered:  # reqwest's words for a request that never left
         return TransientError(f"{what}: cannot connect to the server")
     return TransientError(f"{what}: connection failed ({type(exc).__name__})")
 

@@ -1,0 +1,158 @@
+"""One file's life in a run: its ``.part``, its journal, the ranges still to fetch, its digest.
+
+The engine fans these out and commits them; a FileJob knows what is on disk for its file and
+what is left, and opens nothing until a worker needs it (a dataset of many files must not hold
+a descriptor per file).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterator, Mapping
+from itertools import zip_longest
+from pathlib import Path
+
+from initializers import checksum as checksums
+from initializers.destination import storage_error
+from initializers.fsutil import journal_path, part_path
+from initializers.journal import RangeJournal, holes, merge
+from initializers.sources.base import Checksum, RemoteFile, Source
+
+log = logging.getLogger(__name__)
+
+MIB = 1 << 20
+RANGE_SIZE = 32 * MIB  # bytes per request for large files
+CHECKPOINT = 8 * MIB  # journal granularity: at most this much is refetched per range on resume
+
+
+class FileJob:
+    """One file being fetched: its .part, its journal, and the ranges still to do."""
+
+    def __init__(self, remote: RemoteFile, final: Path) -> None:
+        self.remote = remote
+        self.final = final
+        self.part = part_path(final)
+        self.journal = RangeJournal(
+            journal_path(final), {"size": remote.size, "version": remote.version}
+        )
+        self.resumable = remote.size > CHECKPOINT
+        self.fd: int | None = None
+        self.headers: Mapping[str, str] | None = None
+        self.ranges: list[tuple[int, int]] = []
+        self.present = 0  # bytes kept from an interrupted run
+        self.refetched = False  # set after one checksum mismatch; a second one is final
+        self._lock = threading.Lock()
+        self._pending = 0
+        self._resume = False
+        self._expected: Checksum | None = None
+        self._expected_known = False
+        self.streamed_digest: str | None = None  # digest computed while streaming, if any
+        self.kept: list[tuple[int, int]] = []  # spans an interrupted run left on disk
+        self.spans: checksums.SpanDigest | None = None  # digest of a file fetched in ranges
+
+    def plan(self) -> None:
+        """Work out which ranges remain, keeping bytes an interrupted run left (opens nothing:
+        a dataset of many files must not hold a descriptor per file)."""
+        self._resume = self.resumable and self._part_size() == self.remote.size
+        done = self.journal.load() if self._resume else []
+        self._resume = bool(done)
+        missing = holes(done, self.remote.size)
+        self.kept = [(s, min(e, self.remote.size)) for s, e in merge(done) if s < self.remote.size]
+        self.spans = None
+        self.present = self.remote.size - sum(end - start for start, end in missing)
+        self.ranges = [r for start, end in missing for r in split_range(start, end)]
+        self._pending = len(self.ranges)
+
+    def open(self) -> int:
+        """The .part's descriptor, opened by whichever worker needs it first."""
+        with self._lock:
+            if self.fd is None:
+                flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW
+                try:
+                    self.fd = os.open(self.part, flags | (0 if self._resume else os.O_TRUNC), 0o644)
+                    os.ftruncate(self.fd, self.remote.size)
+                    if self.resumable:
+                        self.journal.open(fresh=not self._resume)
+                except OSError as exc:
+                    raise storage_error(exc, self.final) from None
+            return self.fd
+
+    def _part_size(self) -> int:
+        try:
+            return os.stat(self.part, follow_symlinks=False).st_size
+        except OSError:
+            return -1
+
+    def range_finished(self) -> bool:
+        """Count one range done; True for the caller that finished the last one."""
+        with self._lock:
+            self._pending -= 1
+            return self._pending == 0
+
+    def expected_checksum(self, source: Source) -> Checksum | None:
+        """The digest to verify this file against (asked of the source once per fetch)."""
+        if not self._expected_known:
+            expected = source.checksum_for(self.remote, self.headers or {})
+            if expected and not checksums.is_supported(expected.algorithm):
+                log.debug(
+                    "%s: cannot verify %s here; size checked only", self.remote.path, expected
+                )
+                expected = None
+            self._expected, self._expected_known = expected, True
+        return self._expected
+
+    def note_headers(self, headers: Mapping[str, str]) -> None:
+        """Keep the first response's headers (case-insensitive, as the transport gives them)."""
+        if self.headers is None:
+            self.headers = headers
+
+    def span_digest(self, source: Source) -> checksums.SpanDigest | None:
+        """The digest of this file's ranges (:class:`SpanDigest`), if there is a checksum;
+        the first call hands it the spans an interrupted run left on disk."""
+        expected = self.expected_checksum(source)
+        if expected is None:
+            return None
+        with self._lock:
+            first = self.spans is None
+            if first:
+                self.spans = checksums.SpanDigest(expected.algorithm, self.remote.size)
+            spans = self.spans
+        if first and self.kept:
+            fd = self.open()
+            for kept_start, kept_end in self.kept:
+                spans.span_done(fd, kept_start, kept_end)
+        return spans
+
+    def discard(self) -> None:
+        """Forget the bytes on disk (after a checksum mismatch)."""
+        self.streamed_digest = None
+        self.spans = None
+        self.close()
+        self.journal.remove()
+        self.part.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        self.journal.close()
+
+
+def split_range(start: int, end: int) -> list[tuple[int, int]]:
+    if end - start <= RANGE_SIZE + RANGE_SIZE // 2:
+        return [(start, end)]
+    count = -(-(end - start) // RANGE_SIZE)
+    step = -(-(end - start) // count)
+    return [(s, min(s + step, end)) for s in range(start, end, step)]
+
+
+def interleaved(jobs: list[FileJob], group: int) -> Iterator[tuple[FileJob, tuple[int, int]]]:
+    """Ranges taken in turn from ``group`` files at a time: each file's spans then land in
+    order, so its digest advances during the transfer instead of all at its end, while only a
+    bounded number of files are open at once."""
+    for first in range(0, len(jobs), group):
+        batch = jobs[first : first + group]
+        for ranges in zip_longest(*(job.ranges for job in batch)):
+            yield from ((job, r) for job, r in zip(batch, ranges, strict=True) if r is not None)

@@ -4,9 +4,11 @@ Why: on a dataset of many small files the urllib3 path spends about 1.5 ms of in
 per file building the request and parsing the response, under the GIL. Here the request, the
 redirects, the connection pool and the body live in Rust; Python hands over a path and gets the
 body back, and small files are requested ahead of the engine's workers, so a store 20 ms away
-gets many requests at once without a thread each. In `make bench` at bcc7d7d (before the
-read-ahead) the Hub dataset went from 0.80x to 0.99x the naive "HfApi listing + obstore"
-script, and from 4.2x to 5.5x ``snapshot_download``.
+gets many requests at once without a thread each. In `make bench` runs on a busy machine (load
+average ~6, 5 paired rounds) the Hub dataset went from 0.80x the naive "HfApi listing + obstore"
+script (a84d4ee) to 1.04x (8987203, 32 read ahead per process), and with 20 ms of latency from
+0.71x to 1.10x. 16 per process keeps the peak RSS of the two-process run at 126-145 MiB
+(32: 201 MiB).
 
 Only bodies up to :data:`WHOLE_BODY` come this way. Large ranges stay on the urllib3 path
 (:mod:`initializers.transport`), which reads into one reused buffer: streamed through obstore
@@ -52,7 +54,7 @@ from initializers.streams import RangeReader
 WHOLE_BODY = 1 << 20  # the largest body read here: one call, and a cut loses no more than that
 CONNECT_TIMEOUT = 10.0
 WAIT_SLICE = 0.2  # seconds a waiting worker sleeps between looks at the stop flag
-READ_AHEAD = 32  # small bodies requested ahead of the workers, per process (<= 32 MiB held)
+READ_AHEAD = 16  # small bodies requested ahead of the workers, per process (<= 16 MiB held)
 REQUEST_LIMIT = timedelta(hours=1)  # stalls are caught by the read timeout, not by this
 
 T = TypeVar("T")

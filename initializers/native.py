@@ -289,6 +289,7 @@ def _client_options(
 
 
 _STATUS = re.compile(r"status code: (\d{3})")
+_KIND = re.compile(r"HttpError \{\s*kind: (\w+)")
 
 
 def classify(exc: BaseException, what: str) -> InitializerError:
@@ -314,18 +315,21 @@ def classify(exc: BaseException, what: str) -> InitializerError:
     if found:
         return _status_error(int(found[1]), what)
     lowered = text.lower()
-    if "certificate" in lowered or "tls" in lowered:
+    if "certificate" in lowered or "invalid peer" in lowered:
         return UsageError(
             f"{what}: TLS verification failed; pass --ca-bundle with the endpoint's CA, "
             "or use its http:// URL"
         )
-    if "timeout" in lowered or "timed out" in lowered:
-        return TransientError(f"{what}: the server stalled past the timeout")
-    if "redirect" in lowered:
-        return TransientError(f"{what}: too many redirects")
-    if "error sending request" in lowered:  # reqwest's words for a request that never left
+    # The kind object_store gives the failure, from its debug text ("HttpError { kind: ...").
+    kind = _KIND.search(text)
+    reason = kind[1] if kind else type(exc).__name__
+    if reason == "Connect":
         return TransientError(f"{what}: cannot connect to the server")
-    return TransientError(f"{what}: connection failed ({type(exc).__name__})")
+    if reason == "Timeout":
+        return TransientError(f"{what}: the server stalled past the timeout")
+    if "too many redirects" in lowered:
+        return TransientError(f"{what}: too many redirects")
+    return TransientError(f"{what}: connection failed ({reason})")
 
 
 def _status_error(status: int, what: str) -> InitializerError:

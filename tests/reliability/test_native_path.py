@@ -17,7 +17,7 @@ import time
 import pytest
 
 from initializers import interrupts, native
-from initializers.errors import TransientError
+from initializers.errors import AuthError, NotFoundError, TransientError
 from initializers.progress import human_bytes
 from tests.reliability.conftest import FIGURES
 from tests.servers.hub import Fault, fail_times
@@ -75,11 +75,16 @@ def test_sigterm_while_the_cdn_stalls_exits_143_at_once_and_the_rerun_resumes(
     FIGURES["SIGTERMs survived"] += 1
 
 
-def test_a_small_file_whose_body_stalls_exits_7_after_the_retries_instead_of_hanging(
-    hub, launch, tmp_path
+@pytest.mark.parametrize(
+    "stall",
+    [Fault.delay(600), Fault.truncate(100_000, 600)],
+    ids=["before-the-headers", "mid-body"],
+)
+def test_a_small_file_that_stalls_exits_7_after_the_retries_instead_of_hanging(
+    stall, hub, launch, tmp_path
 ):
     hub.add_repo("org/m", {"model.safetensors": os.urandom(512 << 10)})
-    hub.fault = fail_times(10**6, Fault.truncate(100_000, 600), server="cdn", method="GET")
+    hub.fault = fail_times(10**6, stall, server="cdn", method="GET")
     live = launch("model", env=hub_env(hub, tmp_path / "out", TIMEOUT="1", RETRIES="2"))
     code = live.finish(timeout=60)
     assert code == 7, live.stderr
@@ -147,3 +152,34 @@ def test_small_files_are_requested_ahead_of_the_workers_not_two_at_a_time(
     assert {name: (out / name).read_bytes() for name in files} == files
     open_together = sum(1 for t in arrivals if t - arrivals[0] < 0.9)
     assert open_together >= 8, (open_together, [round(t - arrivals[0], 2) for t in arrivals])
+
+
+@pytest.mark.parametrize(
+    ("status", "error", "words"),
+    [
+        (404, NotFoundError, "not found (HTTP 404)"),
+        (403, AuthError, "access denied (HTTP 403)"),
+        (401, AuthError, "access denied (HTTP 401)"),
+        (503, TransientError, "HTTP 503"),
+        (429, TransientError, "HTTP 429"),
+        (500, TransientError, "HTTP 500"),
+    ],
+)
+def test_a_native_failure_is_typed_by_its_status_and_names_the_file_not_the_url(
+    status, error, words, hub, monkeypatch
+):
+    sha = hub.add_repo("org/m", {"model.safetensors": os.urandom(4096)})
+    hub.fault = fail_times(1, Fault.error(status), server="cdn", method="GET")
+    monkeypatch.setattr(native, "_stopped", False)
+    client = native.NativeHttp(hub.endpoint, headers={}, timeout=10)
+    with pytest.raises(error) as failure:
+        client.open_range(f"org/m/resolve/{sha}/model.safetensors", 0, 4096, "weights", True)
+    assert str(failure.value).startswith(f"weights: {words}"), failure.value
+    assert "http://" not in str(failure.value)
+
+
+def test_a_native_request_to_a_closed_port_is_a_transient_cannot_connect(monkeypatch):
+    monkeypatch.setattr(native, "_stopped", False)
+    client = native.NativeHttp("http://127.0.0.1:9", headers={}, timeout=5)  # discard: closed
+    with pytest.raises(TransientError, match=r"^weights: cannot connect to the server$"):
+        client.open_range("org/m/resolve/x/model.safetensors", 0, 10, "weights", True)

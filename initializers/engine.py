@@ -19,6 +19,7 @@ On disk, under the destination::
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -318,6 +319,10 @@ class Engine:
                 job.close()
         real = [e for e in errors if not isinstance(e, Cancelled)]
         if real:
+            # Files verified before the failure are kept for the rerun (a stop skips this: it
+            # must end within seconds, and a kill would lose no more than the batch).
+            with contextlib.suppress(OSError):
+                self._group.flush()
             raise real[0]
         if errors or self.stop.is_set():
             raise Interrupted("stopped by a signal; rerun to resume (fetched bytes are kept)")

@@ -190,3 +190,28 @@ def test_a_hub_api_that_stalls_exits_7_instead_of_hanging(hub, proxies, launch, 
     assert code == 7, live.stderr
     assert "still failing after 2 attempts" in live.stderr
     assert live.seconds < 30
+
+
+def test_files_verified_before_a_final_refusal_are_committed_and_not_fetched_again(
+    bucket, s3_endpoint, proxies, run_initializer, tmp_path
+):
+    # Largest first: the refused 10-byte file comes last, when the others are verified and
+    # waiting for their group commit; the refusal must not throw that work away.
+    files = {**dataset(47, {f"part-{i}.bin": 200_000 + i for i in range(10)}), "z.json": b"{}" * 5}
+    fill(bucket, "d", files)
+    proxy = proxies(s3_endpoint)
+    proxy.force(
+        Fault.error(403), times=10_000, match=lambda r: is_object_get(r) and "z.json" in r.path
+    )
+    out = tmp_path / "out"
+    env = s3_env(bucket, proxy.url, "d", out, WORKERS="2")
+    failed = run_initializer("dataset", env=env)
+    assert failed.code == 3, failed.output
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == sorted(
+        name for name in files if name != "z.json"
+    )
+
+    rerun = run_initializer("dataset", env=s3_env(bucket, s3_endpoint, "d", out))
+    assert rerun.code == 0, rerun.output
+    assert "fetching 1 of 11 files" in rerun.stderr, rerun.stderr
+    assert_identical(out, files)

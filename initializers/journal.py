@@ -115,9 +115,6 @@ class CommitLog:
                 continue
         return records
 
-    def append(self, path: str, record: FileRecord) -> None:
-        self.append_all({path: record})
-
     def append_all(self, records: dict[str, FileRecord]) -> None:
         """Record ``records`` with one write (a line each)."""
         line = "".join(

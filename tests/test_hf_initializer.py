@@ -32,6 +32,23 @@ def manifest(dest: Path) -> dict:
     return json.loads((dest / ".initializer-manifest.json").read_text())
 
 
+def peak_rss_kib(kind: str, env: dict[str, str]) -> int:
+    """Run the ``kind`` initializer to success and return its peak RSS in KiB.
+
+    A fresh parent runs it, so ru_maxrss of its children is this one initializer's peak."""
+    probe = (
+        "import resource, subprocess, sys;"
+        f"code = subprocess.call([sys.executable, '-m', 'initializers.{kind}']);"
+        "print(code, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300
+    )
+    code, peak_kib = result.stdout.split()
+    assert code == "0", result.stderr
+    return int(peak_kib)
+
+
 def test_model_repo_lands_safetensors_configs_and_tokenizer(hub, run_initializer, tmp_path):
     sha = hub.add_repo("org/llama", MODEL)
     result = run_initializer("model", env=hf_env(hub, "hf://org/llama", tmp_path))
@@ -262,19 +279,8 @@ def test_fetching_a_1_gib_file_keeps_peak_memory_under_200_mib(hub, tmp_path):
             handle.write(block)
     hub.add_repo("org/big", {"model.safetensors": big})
     out = tmp_path / "out"
-    env = clean_env(tmp_path, **hf_env(hub, "hf://org/big", out))
-    # A fresh parent, so ru_maxrss of its children is this one initializer's peak.
-    probe = (
-        "import resource, subprocess, sys;"
-        "code = subprocess.call([sys.executable, '-m', 'initializers.model']);"
-        "print(code, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300
-    )
-    code, peak_kib = result.stdout.split()
-    assert code == "0", result.stderr
-    assert int(peak_kib) < 200 * 1024, f"peak RSS {int(peak_kib) // 1024} MiB"
+    peak_kib = peak_rss_kib("model", clean_env(tmp_path, **hf_env(hub, "hf://org/big", out)))
+    assert peak_kib < 200 * 1024, f"peak RSS {peak_kib // 1024} MiB"
     assert (out / "model.safetensors").stat().st_size == 1 << 30
 
 
@@ -303,15 +309,6 @@ def test_many_small_files_requested_ahead_keep_peak_memory_under_200_mib(hub, tm
     hub.add_repo("org/d", {f"data/{i:03d}.jsonl": body for i in range(500)}, repo_type="dataset")
     out = tmp_path / "out"
     env = clean_env(tmp_path, **hf_env(hub, "hf://datasets/org/d", out))
-    probe = (
-        "import resource, subprocess, sys;"
-        "code = subprocess.call([sys.executable, '-m', 'initializers.dataset']);"
-        "print(code, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300
-    )
-    code, peak_kib = result.stdout.split()
-    assert code == "0", result.stderr
-    assert int(peak_kib) < 200 * 1024, f"peak RSS {int(peak_kib) // 1024} MiB"
+    peak_kib = peak_rss_kib("dataset", env)
+    assert peak_kib < 200 * 1024, f"peak RSS {peak_kib // 1024} MiB"
     assert len(list((out / "data").iterdir())) == 500

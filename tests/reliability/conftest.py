@@ -77,6 +77,19 @@ def s3_env(bucket: Bucket, endpoint: str, prefix: str, out: Path, **extra: str) 
     }
 
 
+def stop_with_sigterm(live: Live, final: Path, within: float) -> None:
+    """SIGTERM ``live``: it must exit 143 within ``within`` seconds, say how to resume, and
+    leave no file at ``final``."""
+    stopped_at = time.monotonic()
+    live.signal(signal.SIGTERM)
+    code = live.finish(timeout=60)
+    took = time.monotonic() - stopped_at
+    assert code == 143, live.stderr
+    assert took < within, f"{took:.1f}s to stop"
+    assert "rerun to resume" in live.stderr
+    assert not final.exists()
+
+
 def retry_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if "retrying in" in line]
 

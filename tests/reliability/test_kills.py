@@ -29,6 +29,7 @@ from tests.reliability.conftest import (
     fill,
     is_object_get,
     s3_env,
+    stop_with_sigterm,
 )
 from tests.servers.faultproxy import Fault
 
@@ -244,14 +245,7 @@ def test_sigterm_during_a_retry_backoff_exits_143_within_seconds_and_the_rerun_r
     env = s3_env(bucket, proxy.url, "d", out, RETRIES="30")
     live = launch("dataset", env=env)
     live.wait_for("(attempt 4)")  # now sleeping about 4 s before the next attempt
-    stopped_at = time.monotonic()
-    live.signal(signal.SIGTERM)
-    code = live.finish(timeout=60)
-    took = time.monotonic() - stopped_at
-    assert code == 143, live.stderr
-    assert took < 3.0, f"{took:.1f}s to stop"  # the backoff it was in lasts about 4 s
-    assert "rerun to resume" in live.stderr
-    assert not (out / "big.bin").exists()
+    stop_with_sigterm(live, out / "big.bin", within=3.0)  # the backoff lasts about 4 s
 
     proxy.share = 0.0
     rerun = run_initializer("dataset", env=env)
@@ -278,14 +272,7 @@ def test_sigterm_during_a_stalled_read_exits_143_at_once_not_after_the_read_time
     while not proxy.total_injected and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(1.5)  # the bytes before the stall are through; the read now blocks
-    stopped_at = time.monotonic()
-    live.signal(signal.SIGTERM)
-    code = live.finish(timeout=60)
-    took = time.monotonic() - stopped_at
-    assert code == 143, live.stderr
-    assert took < 5.0, f"{took:.1f}s to stop"
-    assert "rerun to resume" in live.stderr
-    assert not (out / "big.bin").exists()
+    stop_with_sigterm(live, out / "big.bin", within=5.0)
 
     rerun = run_initializer("dataset", env=env)
     assert rerun.code == 0, rerun.output

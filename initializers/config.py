@@ -209,7 +209,8 @@ OPTIONS: tuple[Option, ...] = (
         "retries",
         "--retries",
         ("RETRIES",),
-        "attempts per request on transient errors, within 5 minutes (default 8)",
+        "attempts in a row per request on transient errors, within 5 minutes; an attempt that got "
+        "1 MiB further starts the count again (default 8)",
         _positive_int,
     ),
     Option(

@@ -335,6 +335,10 @@ class Engine:
     def _fetch_range(self, job: FileJob, start: int, end: int) -> None:
         """Fetch ``[start, end)`` into the .part, resuming within the range on retries.
 
+        The retry budget counts attempts since the last one that got the range further
+        (:data:`~initializers.retry.PROGRESS_BYTES`): a link that breaks every few MiB still
+        finishes, a dead one ends as before.
+
         A file fetched whole in one range is digested as it streams, so committing it needs no
         read-back; a large file's writeback is started every checkpoint, so the fsync before its
         commit finds little left to write instead of all of it at the end.
@@ -379,7 +383,7 @@ class Engine:
                         checkpoint = position
 
         try:
-            self.retry.call(attempt, job.remote.path)
+            self.retry.call(attempt, job.remote.path, progress=lambda: position)
         except OSError as exc:
             raise storage_error(exc, job.final) from None
         finally:

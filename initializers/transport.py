@@ -27,8 +27,8 @@ from urllib3.exceptions import (
     ProtocolError,
     ProxyError,
     SSLError,
-    TimeoutError,
 )
+from urllib3.exceptions import TimeoutError as Urllib3Timeout
 
 from initializers.errors import (
     InitializerError,
@@ -189,7 +189,7 @@ class HttpTransport:
             if not whole:
                 check_range(response.status, response.headers, start, end, what)
         except BaseException:
-            response.release_conn()
+            _discard(response)
             raise
         return HttpRangeReader(response, end - start, what)
 
@@ -273,11 +273,22 @@ class HttpRangeReader(RangeReader):
             )
 
     def close(self) -> None:
-        # Only a body read to its end lets the connection go back to the pool.
         finished = self._raw.isclosed() if self._raw is not None else self._response.isclosed()
-        if not finished:
-            self._response.close()
-        self._response.release_conn()
+        if finished:
+            self._response.release_conn()
+        else:
+            _discard(self._response)
+
+
+def _discard(response: urllib3.BaseHTTPResponse) -> None:
+    """Give back the pool slot of a response whose body was not read to its end.
+
+    Only a body read to its end lets its connection be reused: on a connection still holding
+    an unread answer (an error's body, the rest of a range) the next request fails in
+    http.client (``ResponseNotReady``), so one 503 would cost two attempts.
+    """
+    response.close()  # closes the connection too; the pool opens a fresh one for the next use
+    response.release_conn()
 
 
 def check_range(status: int, headers: Mapping[str, str], start: int, end: int, what: str) -> None:
@@ -316,7 +327,7 @@ def classify_exception(exc: BaseException, what: str) -> Exception:
     if isinstance(reason, NewConnectionError):  # before TimeoutError: urllib3 subclasses it
         detail = getattr(reason.__cause__, "strerror", None) or "no connection"
         return TransientError(f"{what}: cannot connect to the server ({detail})")
-    if isinstance(reason, TimeoutError):
+    if isinstance(reason, Urllib3Timeout | TimeoutError):  # urllib3's, or a socket's mid-body
         return TransientError(f"{what}: the server stalled past the timeout")
     if isinstance(reason, ProtocolError | ConnectionError | OSError):
         return TransientError(f"{what}: connection failed ({type(reason).__name__})")

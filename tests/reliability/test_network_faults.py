@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 import time
 
+import pytest
+
 from initializers.manifest import find_problems
 from tests.reliability.conftest import (
     FIGURES,
@@ -127,6 +129,73 @@ def test_a_server_that_goes_away_for_two_seconds_mid_fetch_and_comes_back(
     assert elapsed >= 2.0  # it really waited the outage out
 
 
+def test_a_link_that_drops_every_two_mib_still_finishes_a_range_longer_than_the_budget(
+    bucket, s3_endpoint, proxies, run_initializer, tmp_path
+):
+    # Six bodies cut short, three attempts allowed: every attempt got 2 MiB further, so none of
+    # the breaks counts against the budget of the next one. (A short body, not a reset: an RST
+    # makes the kernel drop what the client had not read yet, so the progress would vary.)
+    files = dataset(14, {"shard.bin": 20 * MIB})
+    fill(bucket, "d", files)
+    proxy = proxies(s3_endpoint)
+    proxy.force(Fault.short(2 * MIB), times=6, match=is_object_get)
+    out = tmp_path / "out"
+    result = run_initializer("dataset", env=s3_env(bucket, proxy.url, "d", out, RETRIES="3"))
+
+    assert result.code == 0, result.output
+    assert_identical(out, files)
+    assert proxy.injected == {"short": 6}
+    assert len(retry_lines(result.stderr)) == 6, result.stderr
+    assert max(attempts(result.stderr)) == 1  # each retry began a new streak
+    assert proxy.body_bytes < 21 * MIB  # each attempt resumed from the byte it reached
+
+
+def test_a_link_that_breaks_before_a_mib_each_time_ends_with_exit_7_after_the_budget(
+    bucket, s3_endpoint, proxies, run_initializer, tmp_path
+):
+    # 256 KiB an attempt is not progress enough to earn a new budget: a source that crawls and
+    # breaks forever is treated as down, in RETRIES attempts, not served for hours.
+    fill(bucket, "d", dataset(15, {"shard.bin": 20 * MIB}))
+    proxy = proxies(s3_endpoint)
+    proxy.force(Fault.reset(256 * 1024), times=10_000, match=is_object_get)
+    result = run_initializer(
+        "dataset", env=s3_env(bucket, proxy.url, "d", tmp_path / "out", RETRIES="3")
+    )
+
+    assert result.code == 7, result.output
+    assert "still failing after 3 attempts" in result.stderr, result.stderr
+    assert proxy.injected == {"reset": 3}
+
+
+def test_the_retry_after_an_error_status_is_not_spoiled_by_the_connection_that_carried_it(
+    bucket, s3_endpoint, hub, proxies, run_initializer, tmp_path
+):
+    # The proxy keeps the connection open after its 503, as S3 does. An error body left unread
+    # on a pooled connection made the next request on it fail too (http.client's
+    # ResponseNotReady), so one 503 cost two attempts: with RETRIES=2, the run.
+    fill(bucket, "d", dataset(16, {"a.bin": 3 * MIB}))
+    s3 = proxies(s3_endpoint)
+    s3.force(Fault.error(503), match=is_object_get)
+    hub.add_repo("org/m", dataset(17, {"model.safetensors": 3 * MIB}))
+    api = proxies(hub.endpoint)
+    api.force(Fault.error(500), match=lambda r: "/resolve/" in r.path)
+    runs = {
+        "s3": s3_env(bucket, s3.url, "d", tmp_path / "s3", RETRIES="2", WORKERS="1"),
+        "hub": {
+            "STORAGE_URI": "hf://org/m",
+            "HF_ENDPOINT": api.url,
+            "OUTPUT_PATH": str(tmp_path / "hub"),
+            "RETRIES": "2",
+            "WORKERS": "1",
+        },
+    }
+    for name, env in runs.items():
+        result = run_initializer("model" if name == "hub" else "dataset", env=env)
+        assert result.code == 0, f"{name}: {result.output}"
+        assert len(retry_lines(result.stderr)) == 1, f"{name}: {result.stderr}"
+    assert s3.injected == {"error-503": 1} and api.injected == {"error-500": 1}
+
+
 def test_an_endpoint_answering_every_request_with_503_exits_7_after_exactly_the_retry_budget(
     bucket, s3_endpoint, proxies, run_initializer, tmp_path
 ):
@@ -158,20 +227,20 @@ def test_s3_slowdown_on_every_object_exits_7_with_the_throttling_named(
     assert proxy.injected == {"slowdown": 2}
 
 
+@pytest.mark.parametrize("after_bytes", [None, 50_000], ids=["before-headers", "mid-body"])
 def test_an_object_that_always_stalls_exits_7_instead_of_hanging(
-    bucket, s3_endpoint, proxies, launch, tmp_path
+    after_bytes, bucket, s3_endpoint, proxies, launch, tmp_path
 ):
     fill(bucket, "d", {"a.bin": b"x" * 100_000})
-    proxy = proxies(
-        s3_endpoint, share=1.0, faults=[Fault.stall(600)], match=is_object_get, max_in_a_row=10**9
-    )
+    stall = Fault.stall(600, after_bytes=after_bytes)
+    proxy = proxies(s3_endpoint, share=1.0, faults=[stall], match=is_object_get, max_in_a_row=10**9)
     live = launch(
         "dataset", env=s3_env(bucket, proxy.url, "d", tmp_path / "out", TIMEOUT="1", RETRIES="2")
     )
     code = live.finish(timeout=60)
     assert code == 7, live.stderr
     assert "stalled past the timeout" in live.stderr
-    assert proxy.injected == {"stall": 2}
+    assert proxy.injected == {stall.label: 2}
     assert live.seconds < 30
 
 

@@ -31,6 +31,8 @@ from initializers.logs import RedactSecrets, configure
 from initializers.retry import RetryPolicy
 from initializers.selection import select
 from initializers.sources import open_source
+from initializers.sources.base import RemoteFile
+from initializers.unpack import archive_to_unpack, sync_archive
 
 log = logging.getLogger("initializers")
 
@@ -88,53 +90,70 @@ def _fetch(settings: Settings, stop: _StopOnSignal) -> None:
         listing = source.list()
         for name, why in listing.skipped:
             log.warning("skipped %r: the name %s", name, why)
-        chosen = select(
-            listing.files,
-            settings.allow_patterns,
-            settings.ignore_patterns,
-            fallback_weights=settings.fallback_weights,
-            patterns_are_default=settings.patterns_are_default,
-        )
-        if chosen.weights_note:
-            log.info("%s", chosen.weights_note)
-        for path in chosen.conflicts:
-            log.warning("skipped %r: another key uses it as a folder", path)
-        if chosen.filtered_out:
-            shown = ", ".join(chosen.filtered_out[:5])
-            more = (
-                f" and {len(chosen.filtered_out) - 5} more" if len(chosen.filtered_out) > 5 else ""
-            )
-            log.info(
-                "%d file(s) left out by the allow/ignore patterns: %s%s",
-                len(chosen.filtered_out),
-                shown,
-                more,
-            )
         if not listing.files and listing.skipped:
             raise NotFoundError(
                 f"all {len(listing.skipped)} name(s) under {source.describe()} were skipped "
                 "as unsafe (see the warnings above); nothing to fetch — rename those objects"
             )
-        if not chosen.files:
-            raise NotFoundError(
-                f"none of the {len(listing.files)} file(s) under "
-                f"{source.describe()} match the allow/ignore patterns; "
-                "adjust ALLOW_PATTERNS / IGNORE_PATTERNS"
+
+        def engine_for(dest: Path) -> Engine:
+            return Engine(
+                source,
+                dest,
+                workers=settings.workers,
+                label=settings.kind,
+                retry=RetryPolicy(attempts=settings.retries),
+                progress_interval=settings.progress_interval,
+                stop=stop.event,
             )
-        engine = Engine(
-            source,
-            settings.output,
-            workers=settings.workers,
-            label=settings.kind,
-            retry=RetryPolicy(attempts=settings.retries),
-            progress_interval=settings.progress_interval,
-            stop=stop.event,
-        )
+
+        def choose(files: list[RemoteFile]) -> list[RemoteFile]:
+            return _choose(files, settings, source.describe())
+
         stop.engine_running = True
-        outcome = engine.sync(chosen.files, settings.storage_uri, listing.revision)
+        archive = archive_to_unpack(source, listing.files)
+        if archive is not None:
+            outcome = sync_archive(
+                archive, settings.output, settings.storage_uri, engine_for, choose, stop.event
+            )
+        else:
+            outcome = engine_for(settings.output).sync(
+                choose(listing.files), settings.storage_uri, listing.revision
+            )
         log.info("%s", describe_outcome(settings.kind, outcome))
     finally:
         source.close()
+
+
+def _choose(files: list[RemoteFile], settings: Settings, where: str) -> list[RemoteFile]:
+    """The files the allow/ignore patterns and the weights preference keep, with the reasons
+    logged; NotFoundError when none is left."""
+    chosen = select(
+        files,
+        settings.allow_patterns,
+        settings.ignore_patterns,
+        fallback_weights=settings.fallback_weights,
+        patterns_are_default=settings.patterns_are_default,
+    )
+    if chosen.weights_note:
+        log.info("%s", chosen.weights_note)
+    for path in chosen.conflicts:
+        log.warning("skipped %r: another key uses it as a folder", path)
+    if chosen.filtered_out:
+        shown = ", ".join(chosen.filtered_out[:5])
+        more = f" and {len(chosen.filtered_out) - 5} more" if len(chosen.filtered_out) > 5 else ""
+        log.info(
+            "%d file(s) left out by the allow/ignore patterns: %s%s",
+            len(chosen.filtered_out),
+            shown,
+            more,
+        )
+    if not chosen.files:
+        raise NotFoundError(
+            f"none of the {len(files)} file(s) under {where} match the allow/ignore patterns; "
+            "adjust ALLOW_PATTERNS / IGNORE_PATTERNS"
+        )
+    return chosen.files
 
 
 class _StopOnSignal:

@@ -9,7 +9,9 @@ wiped them), and nothing here ever writes to the environment.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -18,6 +20,8 @@ from typing import Any
 
 from initializers.errors import UsageError
 from initializers.patterns import parse_patterns
+
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an RFC 9110 token
 
 MAX_URI_LENGTH = 2048
 DEFAULT_TERMINATION_LOG = Path("/dev/termination-log")
@@ -57,6 +61,7 @@ class Settings:
     secret_access_key: str | None = field(default=None, repr=False)
     session_token: str | None = field(default=None, repr=False)
     token: str | None = field(default=None, repr=False)
+    http_headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     ca_bundle: str | None = None
     log_format: str = "text"
     progress_interval: float = 5.0
@@ -67,7 +72,8 @@ class Settings:
 
     def secrets(self) -> list[str]:
         """Values that must never appear in any output."""
-        return [s for s in (self.secret_access_key, self.session_token, self.token) if s]
+        fixed = (self.secret_access_key, self.session_token, self.token)
+        return [s for s in (*fixed, *(value for _, value in self.http_headers)) if s]
 
 
 def _bool(value: str) -> bool:
@@ -77,6 +83,20 @@ def _bool(value: str) -> bool:
     if lowered in ("0", "false", "no", "off", ""):
         return False
     raise ValueError(f"expected true/false, got {value!r}")
+
+
+def _headers(value: str) -> tuple[tuple[str, str], ...]:
+    """A JSON object of header names to string values (never echoed: they hold secrets)."""
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError:
+        raise ValueError('expected a JSON object such as {"Authorization": "Bearer ..."}') from None
+    if not isinstance(parsed, dict) or not all(
+        isinstance(k, str) and _HEADER_NAME.match(k) and isinstance(v, str) and "\n" not in v
+        for k, v in parsed.items()
+    ):
+        raise ValueError("expected a JSON object of header names to one-line string values")
+    return tuple(parsed.items())
 
 
 def _positive_int(value: str) -> int:
@@ -175,6 +195,14 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("session_token", None, ("SESSION_TOKEN", "AWS_SESSION_TOKEN"), "S3 session token"),
     Option("token", None, ("ACCESS_TOKEN", "HF_TOKEN"), "Hugging Face token"),
+    Option(
+        "http_headers",
+        None,
+        ("HTTP_HEADERS",),
+        "JSON object of request headers for http(s):// URIs, e.g. an Authorization header "
+        "(never logged; not sent on to another host after a redirect)",
+        _headers,
+    ),
     Option(
         "token_file",
         "--token-file",
@@ -308,7 +336,8 @@ def _resolve(option: Option, flags: argparse.Namespace, env: Mapping[str, str]) 
     try:
         return option.parse(raw)
     except ValueError as exc:
-        shown = raw if option.dest not in ("secret_access_key", "token", "session_token") else "…"
+        secret = option.dest in ("secret_access_key", "token", "session_token", "http_headers")
+        shown = "…" if secret else raw
         raise UsageError(f"invalid {source}={shown!r}: {exc}") from None
 
 
@@ -378,6 +407,7 @@ def load_settings(
         secret_access_key=values["secret_access_key"],
         session_token=values["session_token"],
         token=values["token"],
+        http_headers=values["http_headers"] or (),
         ca_bundle=values["ca_bundle"],
         log_format=values["log_format"] or "text",
         progress_interval=values["progress_interval"] or 5.0,

@@ -360,6 +360,9 @@ class Engine:
 
         def transfer() -> None:
             nonlocal position, checkpoint, digest
+            if position > start and not job.remote.ranged:  # no resuming: again from the start
+                self._progress.add_bytes(start - position)
+                position, digest = start, None
             with self.source.open_range(job.remote, position, end) as reader:
                 job.note_headers(reader.headers)
                 if streaming and digest is None and position == 0:

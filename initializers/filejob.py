@@ -37,7 +37,7 @@ class FileJob:
         self.journal = RangeJournal(
             journal_path(final), {"size": remote.size, "version": remote.version}
         )
-        self.resumable = remote.size > CHECKPOINT
+        self.resumable = remote.size > CHECKPOINT and remote.ranged
         self.fd: int | None = None
         self.headers: Mapping[str, str] | None = None
         self.ranges: list[tuple[int, int]] = []
@@ -62,7 +62,8 @@ class FileJob:
         self.kept = [(s, min(e, self.remote.size)) for s, e in merge(done) if s < self.remote.size]
         self.spans = None
         self.present = self.remote.size - sum(end - start for start, end in missing)
-        self.ranges = [r for start, end in missing for r in split_range(start, end)]
+        split = split_range if self.remote.ranged else lambda start, end: [(start, end)]
+        self.ranges = [r for start, end in missing for r in split(start, end)]
         self._pending = len(self.ranges)
 
     def open(self) -> int:

@@ -16,7 +16,7 @@ import socket
 import ssl
 import threading
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from urllib.parse import urlsplit
 
 import urllib3
@@ -162,11 +162,13 @@ class HttpTransport:
         end: int,
         what: str,
         whole: bool = False,
+        private: Collection[str] = (),
     ) -> HttpRangeReader:
         """GET bytes ``[start, end)`` of ``url``; ``what`` names the file in any error.
 
         ``whole`` (the range is the entire file) sends a plain GET: servers attach full-object
-        checksums only to those.
+        checksums only to those. Headers named in ``private`` are dropped, as Authorization
+        and Cookie always are, when a redirect leads to another host.
         """
         request_headers = dict(headers)
         if not whole:
@@ -179,7 +181,7 @@ class HttpTransport:
                 headers=request_headers,
                 preload_content=False,
                 timeout=self._timeout,
-                retries=self._retry,
+                retries=self._retry_keeping_private(private),
                 redirect=True,
             )
         except Exception as exc:
@@ -192,6 +194,12 @@ class HttpTransport:
             _discard(response)
             raise
         return HttpRangeReader(response, end - start, what)
+
+    def _retry_keeping_private(self, private: Collection[str]) -> urllib3.Retry:
+        if not private:
+            return self._retry
+        dropped = {*self._retry.remove_headers_on_redirect, *(name.lower() for name in private)}
+        return self._retry.new(remove_headers_on_redirect=dropped)
 
     def close(self) -> None:
         self._direct.clear()

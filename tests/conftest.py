@@ -21,6 +21,7 @@ import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
+from tests.servers.files import FileServer, file_server
 from tests.servers.hub import HubServer
 
 ACCESS_KEY = "AKIATESTKEY0000000"
@@ -145,3 +146,10 @@ def hub() -> Iterator[HubServer]:
         yield server
     assert not server.leaked_auth, "a token was sent to the CDN host"
     assert not server.errors, server.errors
+
+
+@pytest.fixture
+def web() -> Iterator[FileServer]:
+    """A plain HTTP file server (ranges and ETags on; see tests/servers/files.py)."""
+    with file_server() as server:
+        yield server

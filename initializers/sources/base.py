@@ -38,6 +38,7 @@ class RemoteFile:
     version: str | None  # changes whenever the content changes (ETag, blob id, ...)
     checksum: Checksum | None = None
     locator: str = ""  # source-specific address: the S3 key, the path in the repo, ...
+    ranged: bool = True  # False: the source can only send it whole, from its first byte
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,8 @@ class Listing:
 
 class Source(ABC):
     """A storage backend, selected by URI scheme through :mod:`initializers.sources`."""
+
+    unpacks_archives = False  # a single .tar/.tar.gz/.tgz/.zip it lists is unpacked (KServe's rule)
 
     @classmethod
     @abstractmethod

@@ -1,0 +1,106 @@
+"""http:// and https:// — one file by URL; ``.tar``, ``.tar.gz``/``.tgz`` and ``.zip`` are unpacked.
+
+The listing is one ranged GET of the first byte (not a HEAD: a presigned S3 or GCS URL is
+signed for GET only). A ``206`` with ``Content-Range`` says the server serves ranges, so the
+file is fetched in parallel ranges and a rerun resumes it; a ``200`` says it does not, so the
+file is streamed whole, from its start on every attempt. The file's version is its strong ETag
+(every later request carries ``If-Match``, so a file replaced mid-fetch fails with exit 5 rather
+than mixing two versions), else its ``Last-Modified`` date, else its size.
+
+Extra request headers for private servers come from ``HTTP_HEADERS`` (a JSON object); their
+values are never logged, and they are dropped, as ``Authorization`` always is, when a redirect
+leads to another host. The query string of a URL (where presigned URLs keep their signature)
+never appears in logs either.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Self
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+from initializers.config import Settings
+from initializers.errors import InitializerError, UsageError
+from initializers.fsutil import UnsafePathError, safe_relpath
+from initializers.retry import RetryPolicy
+from initializers.sources.base import Listing, RemoteFile, Source
+from initializers.streams import RangeReader
+from initializers.transport import HttpTransport
+
+_TOTAL = re.compile(r"/(\d+)\s*$")
+
+
+class WebSource(Source):
+    """The file at an http(s) URL."""
+
+    unpacks_archives = True
+
+    def __init__(self, url: str, settings: Settings, retry: RetryPolicy | None = None) -> None:
+        parts = urlsplit(url)
+        if not parts.hostname:
+            raise UsageError(
+                f"{parts.scheme}:// URI names no host; e.g. https://example.com/model.tar.gz"
+            )
+        self.url = url
+        self._shown = urlunsplit(
+            (parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", "")
+        )
+        try:
+            self.name = safe_relpath(unquote(parts.path.rsplit("/", 1)[-1]))
+        except UnsafePathError:
+            raise UsageError(
+                f"{self._shown} does not end with a file name; give the URL of one file "
+                "(an archive is unpacked)"
+            ) from None
+        self.retry = retry or RetryPolicy(attempts=settings.retries)
+        self._headers = dict(settings.http_headers)
+        self._transport = HttpTransport(
+            workers=settings.workers, timeout=settings.timeout, ca_bundle=settings.ca_bundle
+        )
+
+    @classmethod
+    def from_settings(cls, location: str, settings: Settings) -> Self:
+        scheme = settings.storage_uri.split(":", 1)[0].lower()
+        return cls(f"{scheme}://{location}", settings)
+
+    def describe(self) -> str:
+        return self._shown
+
+    def list(self) -> Listing:
+        probe = self.retry.call(
+            lambda: self._transport.open_range(
+                self.url, self._headers, 0, 1, self.name, private=self._headers
+            ),
+            self.name,
+        )
+        with probe:
+            headers = probe.headers
+        return Listing(None, [self._remote(headers)])
+
+    def _remote(self, headers: Mapping[str, str]) -> RemoteFile:
+        content_range = headers.get("Content-Range")
+        found = _TOTAL.search(content_range) if content_range else None
+        if found:
+            size, ranged = int(found[1]), True
+        elif not content_range and headers.get("Content-Length", "").isdigit():
+            size, ranged = int(headers["Content-Length"]), False
+        else:
+            raise InitializerError(
+                f"{self._shown}: the server does not say how large the file is "
+                "(no Content-Length); it cannot be fetched with verification"
+            )
+        etag = headers.get("ETag", "")
+        strong = etag if etag.startswith('"') else None
+        version = strong or headers.get("Last-Modified") or f"size {size}"
+        return RemoteFile(self.name, size, version, locator=strong or "", ranged=ranged)
+
+    def open_range(self, file: RemoteFile, start: int, end: int) -> RangeReader:
+        headers = {**self._headers, "If-Match": file.locator} if file.locator else self._headers
+        whole = start == 0 and end == file.size
+        return self._transport.open_range(
+            self.url, headers, start, end, file.path, whole=whole, private=self._headers
+        )
+
+    def close(self) -> None:
+        self._transport.close()

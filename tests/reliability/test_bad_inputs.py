@@ -51,10 +51,28 @@ BAD_INPUTS: list[Bad] = [
         "is not of the form scheme://location",
     ),
     Bad(
-        "unknown scheme: `gs://bucket/data`",
-        {"STORAGE_URI": "gs://b/d"},
+        "unknown scheme: `ftp://host/data`",
+        {"STORAGE_URI": "ftp://host/data"},
         2,
-        "unsupported scheme gs://",
+        "unsupported scheme ftp://",
+    ),
+    Bad(
+        "`file://relative/path` (not absolute)",
+        {"STORAGE_URI": "file://relative/path"},
+        2,
+        "the path must be absolute",
+    ),
+    Bad(
+        "`https://host/models/` (no file name)",
+        {"STORAGE_URI": "https://example.invalid/models/"},
+        2,
+        "does not end with a file name",
+    ),
+    Bad(
+        "`HTTP_HEADERS` that is not a JSON object",
+        {"STORAGE_URI": "https://example.invalid/m.bin", "HTTP_HEADERS": "Authorization: x"},
+        2,
+        "invalid HTTP_HEADERS='…': expected a JSON object",
     ),
     Bad(
         "`cache://dataset`",
@@ -318,7 +336,27 @@ BAD_INPUTS: list[Bad] = [
         "still failing after 2 attempts",
         kind="model",
     ),
+    Bad(
+        "http(s) server nobody listens on",
+        {"STORAGE_URI": "http://127.0.0.1:9/model.bin", "RETRIES": "2"},
+        7,
+        "still failing after 2 attempts",
+        kind="model",
+    ),
     # -- not found -----------------------------------------------------------------------------
+    Bad(
+        "`file://` path that does not exist",
+        {"STORAGE_URI": "file:///nonexistent/models/llama"},
+        4,
+        "does not exist; check the path and that the volume is mounted",
+    ),
+    Bad(
+        "http(s) URL the server does not have",
+        {"STORAGE_URI": "{hub}/no/such/model.bin"},
+        4,
+        "not found (HTTP 404)",
+        kind="model",
+    ),
     Bad(
         "bucket that does not exist",
         {**OK_S3, "STORAGE_URI": "s3://no-such-bucket-0000/d"},

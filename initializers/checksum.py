@@ -2,8 +2,10 @@
 
 Hex digests (``md5``, ``sha1``, ``sha256``, ``git-sha1``) are what ETags and the Hub's oids
 carry; the S3 additional checksums (``s3-crc32``, ``s3-crc32c``, ``s3-sha1``, ``s3-sha256``,
-``s3-crc64nvme``) are base64 of the big-endian digest, as S3 returns them. CRC32C and CRC64NVME
-need awscrt; without it they are reported unsupported and only the size is verified.
+``s3-crc64nvme``) are base64 of the big-endian digest, as S3 returns them; ``crc32c`` (GCS's)
+and ``md5-base64`` (GCS's ``md5Hash``, Azure's ``Content-MD5``) are encoded the same way. CRC32C
+and CRC64NVME need awscrt; without it they are reported unsupported and only the size is
+verified.
 """
 
 from __future__ import annotations
@@ -67,16 +69,25 @@ class _GitBlob(_Hashlib):
         self.update(b"blob %d\0" % size)
 
 
+# algorithm -> (awscrt.checksums function, width in bytes)
+_CRT_CHECKSUMS = {
+    "s3-crc32c": ("crc32c", 4),
+    "crc32c": ("crc32c", 4),
+    "s3-crc64nvme": ("crc64nvme", 8),
+}
+
+
 def _factory(algorithm: str, size: int = 0) -> Callable[[], Digest] | None:
     if algorithm in ("md5", "sha1", "sha256"):
         return lambda: _Hashlib(algorithm, b64=False)
     if algorithm == "git-sha1":
         return lambda: _GitBlob(size)
-    if algorithm in ("s3-sha1", "s3-sha256"):
-        return lambda: _Hashlib(algorithm.removeprefix("s3-"), b64=True)
+    if algorithm in ("s3-sha1", "s3-sha256", "md5-base64"):
+        name = algorithm.removeprefix("s3-").removesuffix("-base64")
+        return lambda: _Hashlib(name, b64=True)
     if algorithm == "s3-crc32":
         return lambda: _Crc(zlib.crc32, 4)
-    crt = {"s3-crc32c": ("crc32c", 4), "s3-crc64nvme": ("crc64nvme", 8)}.get(algorithm)
+    crt = _CRT_CHECKSUMS.get(algorithm)
     if crt and (step := _crt_step(crt[0])):
         return lambda: _Crc(step, crt[1])
     return None

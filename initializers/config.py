@@ -62,6 +62,7 @@ class Settings:
     session_token: str | None = field(default=None, repr=False)
     token: str | None = field(default=None, repr=False)
     http_headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    gcs_key_json: str | None = field(default=None, repr=False)
     ca_bundle: str | None = None
     log_format: str = "text"
     progress_interval: float = 5.0
@@ -72,7 +73,7 @@ class Settings:
 
     def secrets(self) -> list[str]:
         """Values that must never appear in any output."""
-        fixed = (self.secret_access_key, self.session_token, self.token)
+        fixed = (self.secret_access_key, self.session_token, self.token, self.gcs_key_json)
         return [s for s in (*fixed, *(value for _, value in self.http_headers)) if s]
 
 
@@ -178,7 +179,7 @@ OPTIONS: tuple[Option, ...] = (
         "anonymous",
         "--anonymous",
         ("ANONYMOUS",),
-        "unsigned S3 requests (public buckets)",
+        "unsigned requests (public S3 and GCS buckets)",
         _bool,
         is_switch=True,
     ),
@@ -195,6 +196,13 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("session_token", None, ("SESSION_TOKEN", "AWS_SESSION_TOKEN"), "S3 session token"),
     Option("token", None, ("ACCESS_TOKEN", "HF_TOKEN"), "Hugging Face token"),
+    Option(
+        "gcs_key_json",
+        None,
+        ("GOOGLE_APPLICATION_CREDENTIALS_JSON",),
+        "a GCS service account key's JSON itself (e.g. from a secretRef); "
+        "GOOGLE_APPLICATION_CREDENTIALS names a key file",
+    ),
     Option(
         "http_headers",
         None,
@@ -336,7 +344,13 @@ def _resolve(option: Option, flags: argparse.Namespace, env: Mapping[str, str]) 
     try:
         return option.parse(raw)
     except ValueError as exc:
-        secret = option.dest in ("secret_access_key", "token", "session_token", "http_headers")
+        secret = option.dest in (
+            "secret_access_key",
+            "token",
+            "session_token",
+            "http_headers",
+            "gcs_key_json",
+        )
         shown = "…" if secret else raw
         raise UsageError(f"invalid {source}={shown!r}: {exc}") from None
 
@@ -408,6 +422,7 @@ def load_settings(
         session_token=values["session_token"],
         token=values["token"],
         http_headers=values["http_headers"] or (),
+        gcs_key_json=values["gcs_key_json"],
         ca_bundle=values["ca_bundle"],
         log_format=values["log_format"] or "text",
         progress_interval=values["progress_interval"] or 5.0,

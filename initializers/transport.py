@@ -195,6 +195,37 @@ class HttpTransport:
             raise
         return HttpRangeReader(response, end - start, what)
 
+    def request(
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str],
+        what: str,
+        body: bytes | None = None,
+        timeout: float | None = None,
+    ) -> tuple[int, Mapping[str, str], bytes]:
+        """One small request read whole (listings, token exchanges): status, headers, body.
+
+        Transport failures raise typed errors; the status is the caller's to interpret.
+        ``timeout`` shortens both timeouts for this request (a metadata server probe).
+        """
+        limits = self._timeout
+        if timeout is not None:
+            limits = urllib3.Timeout(connect=min(timeout, CONNECT_TIMEOUT), read=timeout)
+        try:
+            response = self._manager_for(url).request(
+                method,
+                url,
+                headers=headers,
+                body=body,
+                timeout=limits,
+                retries=self._retry,
+                redirect=True,
+            )
+        except Exception as exc:
+            raise classify_exception(exc, what) from None
+        return response.status, response.headers, response.data
+
     def _retry_keeping_private(self, private: Collection[str]) -> urllib3.Retry:
         if not private:
             return self._retry

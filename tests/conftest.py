@@ -22,6 +22,7 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from tests.servers.files import FileServer, file_server
+from tests.servers.gcs import GcsEmulator
 from tests.servers.hub import HubServer
 
 ACCESS_KEY = "AKIATESTKEY0000000"
@@ -153,3 +154,18 @@ def web() -> Iterator[FileServer]:
     """A plain HTTP file server (ranges and ETags on; see tests/servers/files.py)."""
     with file_server() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GcsEmulator]:
+    """fake-gcs-server on 127.0.0.1 (one per session; each test makes its own bucket)."""
+    emulator = GcsEmulator(tmp_path_factory.mktemp("gcs")).start()
+    yield emulator
+    emulator.stop()
+
+
+@pytest.fixture
+def gcs_bucket(gcs_emulator: GcsEmulator) -> str:
+    name = f"bucket-{os.getpid()}-{next(_bucket_ids)}"
+    gcs_emulator.create_bucket(name)
+    return name

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 REGISTRY: dict[str, tuple[str, str]] = {
     "s3": ("initializers.sources.s3:S3Source", "pip install boto3"),
     "hf": ("initializers.sources.hf:HfSource", "pip install huggingface_hub"),
+    "gs": ("initializers.sources.gcs:GcsSource", "pip install google-auth"),
     "file": ("initializers.sources.local:LocalSource", "reinstall the initializers package"),
     "https": ("initializers.sources.web:WebSource", "pip install urllib3"),
     "http": ("initializers.sources.web:WebSource", "pip install urllib3"),

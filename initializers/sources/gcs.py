@@ -1,0 +1,294 @@
+"""gs:// — Google Cloud Storage: listed with the JSON API, fetched over the shared HTTP transport.
+
+google-auth does what it is good at: Application Default Credentials in Google's order —
+``GOOGLE_APPLICATION_CREDENTIALS`` (a key file), gcloud's user credentials, the GKE metadata
+server (Workload Identity) — plus a key's JSON given in ``GOOGLE_APPLICATION_CREDENTIALS_JSON``
+(what a TrainJob's ``secretRef`` turns into), refreshed before it expires. Its HTTP calls go
+through :class:`_AuthRequest` on urllib3, so it needs neither ``requests`` nor its own transport.
+``STORAGE_EMULATOR_HOST`` (Google's own convention) points everything at an emulator, where
+requests are anonymous unless a key is given.
+
+Every object's bytes are pinned to the generation listed (a replaced object fails the run with
+exit 4 or 5 rather than mixing versions) and verified against the listing's crc32c (md5Hash
+where a crc32c is missing). Objects are fetched as stored (``Accept-Encoding: gzip``), so GCS's
+decompressive transcoding cannot change the bytes the checksum covers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Self
+from urllib.parse import quote, urlencode
+
+import google.auth
+import google.auth.credentials
+import google.auth.exceptions
+import google.auth.transport
+import urllib3
+
+from initializers.config import Settings
+from initializers.errors import AuthError, NotFoundError, TransientError, UsageError
+from initializers.fsutil import UnsafePathError, safe_relpath
+from initializers.httpstatus import status_error
+from initializers.retry import RetryPolicy
+from initializers.sources.base import Checksum, Listing, RemoteFile, Source
+from initializers.streams import RangeReader
+from initializers.transport import HttpTransport
+
+log = logging.getLogger(__name__)
+
+API = "https://storage.googleapis.com"
+SCOPE = "https://www.googleapis.com/auth/devstorage.read_only"
+KEY_ENV = "GOOGLE_APPLICATION_CREDENTIALS_JSON"
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
+_FIELDS = "items(name,size,generation,crc32c,md5Hash),nextPageToken"
+
+
+@dataclass(frozen=True)
+class GcsLocation:
+    bucket: str
+    prefix: str
+
+    @classmethod
+    def parse(cls, location: str) -> GcsLocation:
+        bucket, slash, prefix = location.partition("/")
+        if not _BUCKET.match(bucket) or ".." in bucket:
+            raise UsageError(
+                f"gs://{location}: {bucket!r} is not a valid bucket name "
+                "(3-222 lowercase letters, digits, '.', '-', '_')"
+            )
+        if not slash:
+            raise UsageError(
+                f"gs://{bucket} names a whole bucket; add a prefix "
+                f"(gs://{bucket}/path) or write gs://{bucket}/ to fetch all of it"
+            )
+        return cls(bucket, prefix)
+
+
+class GcsSource(Source):
+    """Objects under ``gs://bucket/prefix`` (on a ``/`` boundary), or one object."""
+
+    def __init__(self, location: GcsLocation, settings: Settings) -> None:
+        self.location = location
+        self.retry = RetryPolicy(attempts=settings.retries)
+        self._transport = HttpTransport(
+            workers=settings.workers, timeout=settings.timeout, ca_bundle=settings.ca_bundle
+        )
+        emulator = os.environ.get("STORAGE_EMULATOR_HOST", "").strip().rstrip("/")
+        if emulator and "://" not in emulator:
+            emulator = "http://" + emulator
+        self._api = emulator or API
+        self._credentials = _credentials(settings, self._transport, bool(emulator))
+        self._token_lock = threading.Lock()
+
+    @classmethod
+    def from_settings(cls, location: str, settings: Settings) -> Self:
+        return cls(GcsLocation.parse(location), settings)
+
+    def describe(self) -> str:
+        return f"gs://{self.location.bucket}/{self.location.prefix}"
+
+    # -- credentials ----------------------------------------------------------------------------
+
+    def _auth(self) -> dict[str, str]:
+        """The Authorization header, refreshing the token first when it is missing or expiring."""
+        credentials = self._credentials
+        if credentials is None:
+            return {}
+        with self._token_lock:
+            if not credentials.valid:
+                try:
+                    credentials.refresh(_AuthRequest(self._transport))
+                except google.auth.exceptions.TransportError as exc:
+                    raise TransientError(f"GCS credentials: {exc}") from None
+                except google.auth.exceptions.RefreshError as exc:
+                    raise AuthError(
+                        f"cannot get a GCS access token ({_first_line(exc)}); check the key or "
+                        "the Workload Identity binding of the pod's service account"
+                    ) from None
+            return {"Authorization": f"Bearer {credentials.token}"}
+
+    # -- listing --------------------------------------------------------------------------------
+
+    def list(self) -> Listing:
+        prefix = self.location.prefix
+        folder = prefix if prefix.endswith("/") or not prefix else prefix + "/"
+        objects = self.retry.call(lambda: self._list_objects(folder), self.describe())
+        if not objects and prefix and not prefix.endswith("/"):
+            single = self.retry.call(lambda: self._object(prefix), prefix)
+            if single is not None:
+                try:
+                    name = safe_relpath(prefix.rsplit("/", 1)[-1])
+                except UnsafePathError as exc:
+                    return Listing(None, [], [(prefix, str(exc))])
+                return Listing(None, [_remote(name, single)])
+        if not objects:
+            raise NotFoundError(
+                f"no objects under {self.describe().rstrip('/')}/ — check the bucket and "
+                "prefix (the prefix matches whole folder names)"
+            )
+        files, skipped = [], []
+        for obj in objects:
+            key = obj["name"]
+            if key.endswith("/") and int(obj.get("size", 0)) == 0:
+                continue  # a folder placeholder
+            try:
+                files.append(_remote(safe_relpath(key[len(folder) :]), obj))
+            except UnsafePathError as exc:
+                skipped.append((key, str(exc)))
+        return Listing(None, files, skipped)
+
+    def _list_objects(self, folder: str) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            query = {"prefix": folder, "fields": _FIELDS, "maxResults": "1000"}
+            if token:
+                query["pageToken"] = token
+            page = self._get_json(f"/storage/v1/b/{quote(self.location.bucket)}/o", query)
+            found.extend(page.get("items", []))
+            token = page.get("nextPageToken")
+            if not token:
+                return found
+
+    def _object(self, name: str) -> dict[str, Any] | None:
+        path = f"/storage/v1/b/{quote(self.location.bucket)}/o/{quote(name, safe='')}"
+        try:
+            return self._get_json(path, {})
+        except NotFoundError:
+            return None
+
+    def _get_json(self, path: str, query: Mapping[str, str]) -> dict[str, Any]:
+        url = self._api + path + (f"?{urlencode(query)}" if query else "")
+        status, _, body = self._transport.request("GET", url, self._auth(), self.describe())
+        if status == 404:
+            raise NotFoundError(
+                f"{self.describe()}: bucket {self.location.bucket!r} or object not found — "
+                "check the bucket name and the prefix"
+            )
+        if status in (401, 403):
+            raise AuthError(
+                f"{self.describe()}: access denied (HTTP {status}); check the credentials and "
+                "that they grant storage.objects.list and storage.objects.get on the bucket"
+            )
+        failure = status_error(status, self.describe())
+        if failure is not None:
+            raise failure
+        try:
+            return json.loads(body)
+        except ValueError:
+            raise TransientError(f"{self.describe()}: the listing was not valid JSON") from None
+
+    # -- fetching -------------------------------------------------------------------------------
+
+    def open_range(self, file: RemoteFile, start: int, end: int) -> RangeReader:
+        name = quote(file.locator, safe="")
+        url = (
+            f"{self._api}/download/storage/v1/b/{quote(self.location.bucket)}/o/{name}"
+            f"?alt=media&generation={file.version}"
+        )
+        headers = {**self._auth(), "Accept-Encoding": "gzip"}
+        whole = start == 0 and end == file.size
+        return self._transport.open_range(url, headers, start, end, file.path, whole=whole)
+
+    def close(self) -> None:
+        self._transport.close()
+
+
+def _remote(path: str, obj: Mapping[str, Any]) -> RemoteFile:
+    if obj.get("crc32c"):
+        checksum = Checksum("crc32c", obj["crc32c"])
+    elif obj.get("md5Hash"):
+        checksum = Checksum("md5-base64", obj["md5Hash"])
+    else:
+        checksum = None
+    return RemoteFile(
+        path=path,
+        size=int(obj.get("size", 0)),
+        version=str(obj.get("generation", "")) or None,
+        checksum=checksum,
+        locator=obj["name"],
+    )
+
+
+def _credentials(
+    settings: Settings, transport: HttpTransport, emulated: bool
+) -> google.auth.credentials.Credentials | None:
+    """The caller's credentials: None means anonymous requests."""
+    if settings.anonymous:
+        return None
+    try:
+        if settings.gcs_key_json:
+            try:
+                info = json.loads(settings.gcs_key_json)
+            except ValueError:
+                raise UsageError(
+                    f"{KEY_ENV} is not valid JSON; paste the key file's content"
+                ) from None
+            credentials, _ = google.auth.load_credentials_from_dict(info, scopes=[SCOPE])
+            return credentials
+        if emulated and not os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"):
+            return None  # an emulator takes anonymous requests, as Google's libraries assume
+        credentials, _ = google.auth.default(scopes=[SCOPE], request=_AuthRequest(transport))
+        return credentials
+    except google.auth.exceptions.DefaultCredentialsError as exc:
+        detail = _first_line(exc)
+        if "not found" in detail.lower() and "default credentials" in detail.lower():
+            raise AuthError(
+                "no GCS credentials found: set GOOGLE_APPLICATION_CREDENTIALS (a key file) or "
+                f"{KEY_ENV} (the key itself), run on GKE with Workload Identity, or use "
+                "--anonymous for a public bucket"
+            ) from None
+        raise UsageError(f"the GCS credentials cannot be used: {detail}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc.args[0]) if exc.args else str(exc)
+    return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+class _AuthResponse(google.auth.transport.Response):
+    def __init__(self, status: int, headers: Mapping[str, str], data: bytes) -> None:
+        self._status, self._headers, self._data = status, headers, data
+
+    @property
+    def status(self) -> int:
+        return self._status
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return self._headers
+
+    @property
+    def data(self) -> bytes:
+        return self._data
+
+
+class _AuthRequest(google.auth.transport.Request):
+    """google-auth's HTTP calls (token exchange, metadata server) on our urllib3 transport."""
+
+    def __init__(self, transport: HttpTransport) -> None:
+        self._transport = transport
+
+    def __call__(  # type: ignore[override]
+        self,
+        url: str,
+        method: str = "GET",
+        body: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> _AuthResponse:
+        try:
+            status, response_headers, data = self._transport.request(
+                method, url, dict(headers or {}), "GCS credentials", body=body, timeout=timeout
+            )
+        except (TransientError, urllib3.exceptions.HTTPError) as exc:
+            raise google.auth.exceptions.TransportError(str(exc)) from None
+        return _AuthResponse(status, response_headers, data)

@@ -1,0 +1,39 @@
+"""gs:// under a bad network and kills, against fake-gcs-server behind the fault proxy."""
+
+from __future__ import annotations
+
+from initializers.manifest import find_problems
+from tests.reliability.conftest import assert_identical, dataset
+from tests.servers.faultproxy import every_fault
+from tests.test_gcs_source import MIB, fill, gcs_env
+
+
+def test_random_faults_between_the_initializer_and_gcs_leave_a_byte_identical_tree(
+    gcs_emulator, gcs_bucket, proxies, run_initializer, tmp_path
+):
+    files = dataset(42, {"big.bin": 72 * MIB, **{f"s/{i}.json": 3_000 + i for i in range(12)}})
+    fill(gcs_emulator, gcs_bucket, "d", files)
+    proxy = proxies(gcs_emulator.url, seed=43, share=0.3, faults=every_fault(stall_seconds=30))
+    out = tmp_path / "out"
+    env = {"STORAGE_URI": f"gs://{gcs_bucket}/d", "OUTPUT_PATH": str(out)}
+    env |= {"STORAGE_EMULATOR_HOST": proxy.url, "TIMEOUT": "1"}
+    result = run_initializer("dataset", env=env)
+    assert result.code == 0, result.output
+    assert_identical(out, files)
+    assert find_problems(out) == []
+    assert proxy.total_injected > 0
+
+
+def test_a_kill_before_the_large_files_rename_is_resumed_not_refetched(
+    gcs_emulator, gcs_bucket, launch, run_initializer, tmp_path
+):
+    files = dataset(44, {"big.bin": 64 * MIB, "config.json": 100})
+    fill(gcs_emulator, gcs_bucket, "d", files)
+    out = tmp_path / "out"
+    env = gcs_env(gcs_emulator, f"gs://{gcs_bucket}/d", out)
+    live = launch("dataset", env=env, kill_at=("os.rename", "big.bin", 1, "before"))
+    assert live.finish(timeout=60) == -9, live.stderr
+    rerun = run_initializer("dataset", env=env)
+    assert rerun.code == 0, rerun.output
+    assert "resuming 64.00 MiB already on disk" in rerun.stderr, rerun.stderr
+    assert_identical(out, files)

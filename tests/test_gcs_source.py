@@ -1,0 +1,267 @@
+"""gs:// against fake-gcs-server: layout, verification, credentials, faults, kills."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from initializers.config import AssetDefaults, load_settings
+from initializers.errors import NotFoundError
+from initializers.manifest import find_problems, read_manifest
+from initializers.sources.gcs import GcsSource
+from tests.conftest import tree
+from tests.reliability.conftest import dataset
+
+MIB = 1 << 20
+FILES = dataset(
+    41,
+    {
+        "config.json": 200,
+        "model.safetensors": 40 * MIB,
+        "tokenizer/tokenizer.json": 300_000,
+    },
+)
+
+
+def fill(emulator, bucket: str, prefix: str, files: dict[str, bytes]) -> None:
+    for name, body in files.items():
+        emulator.put(bucket, f"{prefix}/{name}", body)
+
+
+def gcs_env(emulator, uri: str, out: Path, **extra: str) -> dict[str, str]:
+    return {
+        "STORAGE_URI": uri,
+        "OUTPUT_PATH": str(out),
+        "STORAGE_EMULATOR_HOST": emulator.url,
+        **extra,
+    }
+
+
+def test_a_prefix_is_fetched_relative_to_it_verified_by_crc32c_and_a_rerun_fetches_nothing(
+    gcs_emulator, gcs_bucket, run_initializer, tmp_path
+):
+    fill(gcs_emulator, gcs_bucket, "models/llama", FILES)
+    gcs_emulator.put(gcs_bucket, "models/llama-v2/config.json", b"{}")  # not under models/llama/
+    out = tmp_path / "model"
+    env = gcs_env(gcs_emulator, f"gs://{gcs_bucket}/models/llama", out)
+    first = run_initializer("model", env=env)
+    assert first.code == 0, first.output
+    assert tree(out) == FILES
+    assert find_problems(out) == []
+    checksums = {r.checksum.split(":")[0] for r in read_manifest(out).files.values()}
+    assert checksums == {"crc32c"}
+
+    again = run_initializer("model", env=env)
+    assert again.code == 0, again.output
+    assert "already complete" in again.stderr
+
+
+def test_one_object_lands_under_its_own_name(gcs_emulator, gcs_bucket, run_initializer, tmp_path):
+    fill(gcs_emulator, gcs_bucket, "m", {"config.json": b'{"a": 1}'})
+    out = tmp_path / "model"
+    result = run_initializer(
+        "model",
+        "--storage-uri",
+        f"gs://{gcs_bucket}/m/config.json",
+        "--output",
+        str(out),
+        env={"STORAGE_EMULATOR_HOST": gcs_emulator.url},
+    )
+    assert result.code == 0, result.output
+    assert tree(out) == {"config.json": b'{"a": 1}'}
+
+
+def test_an_object_damaged_behind_its_checksum_fails_with_exit_5(
+    gcs_emulator, gcs_bucket, run_initializer, tmp_path
+):
+    fill(gcs_emulator, gcs_bucket, "d", {"a.bin": b"a" * 100_000})
+    stored = gcs_emulator.object_file(gcs_bucket, "d/a.bin")
+    stored.write_bytes(b"b" * 100_000)  # same size, the listed crc32c no longer matches
+    out = tmp_path / "out"
+    result = run_initializer("dataset", env=gcs_env(gcs_emulator, f"gs://{gcs_bucket}/d", out))
+    assert result.code == 5, result.output
+    assert "checksum" in result.stderr
+    assert tree(out) == {}
+
+
+@pytest.mark.parametrize(
+    ("uri", "code", "words"),
+    [
+        ("gs://no-such-bucket-4242/d", 4, "not found"),
+        ("gs://{bucket}/nothing-here", 4, "no objects under"),
+        ("gs://{bucket}", 2, "names a whole bucket"),
+        ("gs://Bad_Bucket/d", 2, "is not a valid bucket name"),
+    ],
+)
+def test_missing_or_malformed_gcs_locations_exit_with_a_clear_error(
+    uri, code, words, gcs_emulator, gcs_bucket, run_initializer, tmp_path
+):
+    env = gcs_env(gcs_emulator, uri.format(bucket=gcs_bucket), tmp_path / "out")
+    result = run_initializer("dataset", env=env)
+    assert result.code == code, result.output
+    assert words in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_a_replaced_object_is_not_mixed_with_the_generation_listed(gcs_emulator, gcs_bucket):
+    fill(gcs_emulator, gcs_bucket, "d", {"a.bin": b"old" * 1000})
+    settings = load_settings(
+        AssetDefaults("dataset", Path("/tmp/unused")),
+        ["--storage-uri", f"gs://{gcs_bucket}/d"],
+        env={},
+    )
+    import os
+
+    os.environ["STORAGE_EMULATOR_HOST"] = gcs_emulator.url
+    try:
+        source = GcsSource.from_settings(f"{gcs_bucket}/d", settings)
+        (listed,) = source.list().files
+        gcs_emulator.put(gcs_bucket, "d/a.bin", b"new" * 1000)
+        with pytest.raises(NotFoundError):
+            source.open_range(listed, 0, listed.size)
+    finally:
+        del os.environ["STORAGE_EMULATOR_HOST"]
+
+
+# -- credentials ------------------------------------------------------------------------------
+
+
+class TokenServer:
+    """Google's OAuth token endpoint, as far as a service account key uses it."""
+
+    def __init__(self, grant: bool) -> None:
+        self.assertions: list[str] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                form = self.rfile.read(int(self.headers["Content-Length"])).decode()
+                server.assertions.append(form)
+                if grant:
+                    body = json.dumps({"access_token": "ya29.test-token", "expires_in": 3600})
+                    status = 200
+                else:
+                    body = json.dumps({"error": "invalid_grant", "error_description": "bad key"})
+                    status = 400
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body.encode())
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/token"
+
+    def stop(self) -> None:
+        self._server.shutdown()
+
+
+def service_account_key(token_uri: str) -> tuple[str, str]:
+    """A fresh key's JSON, and its private key (which must never be printed)."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    ).decode()
+    info = {
+        "type": "service_account",
+        "project_id": "test",
+        "private_key_id": "k1",
+        "private_key": pem,
+        "client_email": "initializer@test.iam.gserviceaccount.com",
+        "client_id": "1",
+        "token_uri": token_uri,
+    }
+    return json.dumps(info), pem
+
+
+@pytest.fixture
+def token_server() -> Iterator[callable]:
+    started: list[TokenServer] = []
+
+    def start(grant: bool) -> TokenServer:
+        started.append(TokenServer(grant))
+        return started[-1]
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.mark.parametrize("as_file", [False, True], ids=["key-json-in-env", "key-file"])
+def test_a_service_account_key_gets_a_token_before_the_listing(
+    as_file, gcs_emulator, gcs_bucket, token_server, run_initializer, tmp_path
+):
+    fill(gcs_emulator, gcs_bucket, "d", {"a.txt": b"a"})
+    tokens = token_server(grant=True)
+    key, _ = service_account_key(tokens.url)
+    if as_file:
+        (tmp_path / "key.json").write_text(key)
+        extra = {"GOOGLE_APPLICATION_CREDENTIALS": str(tmp_path / "key.json")}
+    else:
+        extra = {"GOOGLE_APPLICATION_CREDENTIALS_JSON": key}
+    out = tmp_path / "out"
+    result = run_initializer(
+        "dataset", env=gcs_env(gcs_emulator, f"gs://{gcs_bucket}/d", out, DEBUG="1", **extra)
+    )
+    assert result.code == 0, result.output
+    assert tree(out) == {"a.txt": b"a"}
+    assert len(tokens.assertions) == 1  # one token, reused for every request
+    assert (
+        "grant_type=urn%3Aietf%3Aparams%3Aoauth%3Agrant-type%3Ajwt-bearer" in tokens.assertions[0]
+    )
+    assert "PRIVATE KEY" not in result.output and "ya29.test-token" not in result.output
+
+
+def test_a_key_the_token_endpoint_refuses_exits_3_without_printing_the_key(
+    gcs_emulator, gcs_bucket, token_server, run_initializer, tmp_path
+):
+    fill(gcs_emulator, gcs_bucket, "d", {"a.txt": b"a"})
+    key, pem = service_account_key(token_server(grant=False).url)
+    env = gcs_env(
+        gcs_emulator,
+        f"gs://{gcs_bucket}/d",
+        tmp_path / "out",
+        GOOGLE_APPLICATION_CREDENTIALS_JSON=key,
+    )
+    result = run_initializer("dataset", env=env)
+    assert result.code == 3, result.output
+    assert "cannot get a GCS access token" in result.stderr
+    assert "PRIVATE KEY" not in result.output and pem[40:80] not in result.output
+
+
+def test_no_credentials_at_all_exit_3_naming_every_way_to_give_them(run_initializer, tmp_path):
+    env = {
+        "STORAGE_URI": "gs://some-bucket/d",
+        "OUTPUT_PATH": str(tmp_path / "out"),
+        "NO_GCE_CHECK": "true",  # off GCE: do not wait for a metadata server
+        "CLOUDSDK_CONFIG": str(tmp_path / "gcloud"),
+    }
+    result = run_initializer("dataset", env=env)
+    assert result.code == 3, result.output
+    assert "no GCS credentials found" in result.stderr
+    assert "GOOGLE_APPLICATION_CREDENTIALS_JSON" in result.stderr and "--anonymous" in result.stderr
+
+
+def test_a_key_that_is_not_json_exits_2(run_initializer, tmp_path):
+    env = {
+        "STORAGE_URI": "gs://some-bucket/d",
+        "OUTPUT_PATH": str(tmp_path / "out"),
+        "GOOGLE_APPLICATION_CREDENTIALS_JSON": "not-json-secret-1234",
+    }
+    result = run_initializer("dataset", env=env)
+    assert result.code == 2, result.output
+    assert "is not valid JSON" in result.stderr
+    assert "not-json-secret-1234" not in result.output

@@ -10,9 +10,12 @@ INSTALLED := $(VENV)/.installed
 LAUNCHERS_INSTALLED := $(VENV)/.installed-launchers
 E2E_INSTALLED := $(VENV)/.installed-e2e
 S3COMPAT_INSTALLED := $(VENV)/.installed-s3compat
+# Azurite, Microsoft's Azure Storage emulator (npm), for the az:// tests; 3.36+ needs node 21.
+AZURITE := .azurite/node_modules/.bin/azurite-blob
+AZURITE_VERSION := 3.35.0
 
 .DEFAULT_GOAL := install
-.PHONY: install install-launchers install-e2e install-s3compat test lint demo images e2e \
+.PHONY: install install-launchers install-e2e install-s3compat azurite test lint demo images e2e \
 	test-launchers test-s3compat bench clean distclean
 
 $(INSTALLED): pyproject.toml
@@ -24,7 +27,12 @@ $(INSTALLED): pyproject.toml
 	$(PYTHON) scripts/mkvenv.py $(VENV) -q -e '.[test]'
 	@touch $@
 
-install: $(INSTALLED)  ## the package (editable) and what the tests need, into $(VENV)
+install: $(INSTALLED) azurite  ## the package (editable) and what the tests need, into $(VENV)
+
+azurite:  ## Azurite into .azurite/ when npm is there (else the az:// tests are skipped)
+	@[ -x $(AZURITE) ] || if command -v npm >/dev/null; then \
+	  npm install --silent --no-audit --no-fund --prefix .azurite azurite@$(AZURITE_VERSION); \
+	else echo "make: npm not found: the az:// tests will be skipped (install nodejs and npm)"; fi
 
 $(LAUNCHERS_INSTALLED): $(INSTALLED) tests/launchers/requirements.txt
 	$(VPY) -m pip install -q -r tests/launchers/requirements.txt
@@ -75,4 +83,4 @@ clean:  ## what the targets wrote, except the virtual environment
 	rm -rf workspace .pytest_cache build *.egg-info
 
 distclean: clean  ## clean, and the virtual environment and ruff's cache
-	rm -rf $(VENV) .ruff_cache
+	rm -rf $(VENV) .ruff_cache .azurite

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import sys
+import textwrap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,17 @@ from initializers.patterns import parse_patterns
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an RFC 9110 token
 
 MAX_URI_LENGTH = 2048
+_AZURE_FIELDS = (
+    "azure_account",
+    "azure_key",
+    "azure_sas",
+    "azure_connection_string",
+    "azure_client_id",
+    "azure_tenant_id",
+    "azure_client_secret",
+    "azure_federated_token_file",
+    "azure_authority",
+)
 DEFAULT_TERMINATION_LOG = Path("/dev/termination-log")
 
 
@@ -63,6 +75,15 @@ class Settings:
     token: str | None = field(default=None, repr=False)
     http_headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     gcs_key_json: str | None = field(default=None, repr=False)
+    azure_account: str | None = None
+    azure_key: str | None = field(default=None, repr=False)
+    azure_sas: str | None = field(default=None, repr=False)
+    azure_connection_string: str | None = field(default=None, repr=False)
+    azure_client_id: str | None = None
+    azure_tenant_id: str | None = None
+    azure_client_secret: str | None = field(default=None, repr=False)
+    azure_federated_token_file: Path | None = None
+    azure_authority: str | None = None
     ca_bundle: str | None = None
     log_format: str = "text"
     progress_interval: float = 5.0
@@ -73,7 +94,16 @@ class Settings:
 
     def secrets(self) -> list[str]:
         """Values that must never appear in any output."""
-        fixed = (self.secret_access_key, self.session_token, self.token, self.gcs_key_json)
+        fixed = (
+            self.secret_access_key,
+            self.session_token,
+            self.token,
+            self.gcs_key_json,
+            self.azure_key,
+            self.azure_sas,
+            self.azure_connection_string,
+            self.azure_client_secret,
+        )
         return [s for s in (*fixed, *(value for _, value in self.http_headers)) if s]
 
 
@@ -204,6 +234,51 @@ OPTIONS: tuple[Option, ...] = (
         "GOOGLE_APPLICATION_CREDENTIALS names a key file",
     ),
     Option(
+        "azure_account",
+        None,
+        ("AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT"),
+        "Azure storage account of az:// URIs",
+    ),
+    Option(
+        "azure_key",
+        None,
+        ("AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_ACCESS_KEY", "AZURE_STORAGE_KEY"),
+        "Azure storage account key",
+    ),
+    Option("azure_sas", None, ("AZURE_STORAGE_SAS_TOKEN",), "Azure SAS token"),
+    Option(
+        "azure_connection_string",
+        None,
+        ("AZURE_STORAGE_CONNECTION_STRING",),
+        "Azure storage connection string (account, key or SAS, endpoint)",
+    ),
+    Option(
+        "azure_client_id",
+        None,
+        ("AZURE_CLIENT_ID", "AZ_CLIENT_ID"),
+        "Azure service principal or workload identity client id",
+    ),
+    Option("azure_tenant_id", None, ("AZURE_TENANT_ID", "AZ_TENANT_ID"), "Azure tenant id"),
+    Option(
+        "azure_client_secret",
+        None,
+        ("AZURE_CLIENT_SECRET", "AZ_CLIENT_SECRET"),
+        "Azure service principal secret",
+    ),
+    Option(
+        "azure_federated_token_file",
+        None,
+        ("AZURE_FEDERATED_TOKEN_FILE",),
+        "AKS workload identity token file",
+        Path,
+    ),
+    Option(
+        "azure_authority",
+        None,
+        ("AZURE_AUTHORITY_HOST",),
+        "Microsoft Entra authority (default https://login.microsoftonline.com)",
+    ),
+    Option(
         "http_headers",
         None,
         ("HTTP_HEADERS",),
@@ -273,21 +348,51 @@ class _ArgumentParser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see --help)")
 
 
+# Read by the libraries behind a source rather than by Settings, listed in --help all the same.
+_LIBRARY_ENV = (
+    (
+        "GOOGLE_APPLICATION_CREDENTIALS",
+        "GCS service account key file (Application Default Credentials)",
+    ),
+    (
+        "STORAGE_EMULATOR_HOST",
+        "GCS emulator address (fake-gcs-server); anonymous unless a key is given",
+    ),
+    ("HTTPS_PROXY, HTTP_PROXY, NO_PROXY", "HTTP(S) proxy for every source"),
+)
+
+
+def _environment_only_help() -> str:
+    """The settings that have no flag (credentials, endpoints), wrapped for a terminal."""
+    rows = [(", ".join(o.env), o.help) for o in OPTIONS if o.flag is None] + list(_LIBRARY_ENV)
+    lines = ["environment only:"]
+    for names, text in rows:
+        lines.append(f"  {names}")
+        lines.extend(textwrap.wrap(text, 78, initial_indent="      ", subsequent_indent="      "))
+    return "\n".join(lines)
+
+
 def build_parser(defaults: AssetDefaults) -> argparse.ArgumentParser:
     parser = _ArgumentParser(
         prog=f"{defaults.kind}-initializer",
         allow_abbrev=False,  # "--token x" must not silently mean "--token-file x"
-        description=(
-            f"Fetch a {defaults.kind} from Hugging Face (hf://) or S3 (s3://) into a folder: "
-            "parallel, resumable, verified, with a completion manifest. Every flag can also be "
-            "set by the environment variable shown; flags win."
+        description=textwrap.fill(
+            f"Fetch a {defaults.kind} from Hugging Face (hf://), S3 (s3://), GCS (gs://), Azure "
+            "Blob (az://), a URL (https://, archives unpacked) or a mounted folder (file://) "
+            "into a folder: parallel, resumable, verified, with a completion manifest. Every "
+            "flag can also be set by the environment variable shown; flags win.",
+            80,
         ),
-        epilog=(
-            "Secrets (S3 secret key, session token, Hugging Face token) are read only from the "
-            "environment or from a file (--secret-access-key-file, --token-file), never from "
-            "flags. Exit codes: 0 ok, 1 unexpected, 2 usage, 3 auth, 4 not found, 5 integrity, "
-            "6 local storage, 7 remote unavailable."
+        epilog=_environment_only_help()
+        + "\n\n"
+        + textwrap.fill(
+            "Secrets (keys, tokens, SAS, connection strings, client secrets, HTTP headers) are "
+            "read only from the environment or from a file (--secret-access-key-file, "
+            "--token-file), never from flags. Exit codes: 0 ok, 1 unexpected, 2 usage, 3 auth, "
+            "4 not found, 5 integrity, 6 local storage, 7 remote unavailable.",
+            80,
         ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     asset_defaults = {
         "output": str(defaults.output),
@@ -350,6 +455,10 @@ def _resolve(option: Option, flags: argparse.Namespace, env: Mapping[str, str]) 
             "session_token",
             "http_headers",
             "gcs_key_json",
+            "azure_key",
+            "azure_sas",
+            "azure_connection_string",
+            "azure_client_secret",
         )
         shown = "…" if secret else raw
         raise UsageError(f"invalid {source}={shown!r}: {exc}") from None
@@ -423,6 +532,7 @@ def load_settings(
         token=values["token"],
         http_headers=values["http_headers"] or (),
         gcs_key_json=values["gcs_key_json"],
+        **{name: values[name] for name in _AZURE_FIELDS},
         ca_bundle=values["ca_bundle"],
         log_format=values["log_format"] or "text",
         progress_interval=values["progress_interval"] or 5.0,

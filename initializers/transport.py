@@ -172,7 +172,7 @@ class HttpTransport:
         """
         request_headers = dict(headers)
         if not whole:
-            request_headers["Range"] = f"bytes={start}-{end - 1}"
+            request_headers["Range"] = range_value(start, end)
         request_headers.setdefault("Accept-Encoding", "identity")
         try:
             response = self._manager_for(url).request(
@@ -236,6 +236,11 @@ class HttpTransport:
         self._direct.clear()
         for manager in self._proxied.values():
             manager.clear()
+
+
+def range_value(start: int, end: int) -> str:
+    """The ``Range`` header for bytes ``[start, end)`` (a source that signs it needs it first)."""
+    return f"bytes={start}-{end - 1}"
 
 
 _CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(?:\d+|\*)\s*$", re.IGNORECASE)

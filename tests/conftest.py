@@ -21,6 +21,8 @@ import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
+from tests.servers.azurite import Azurite
+from tests.servers.azurite import executable as azurite_executable
 from tests.servers.files import FileServer, file_server
 from tests.servers.gcs import GcsEmulator
 from tests.servers.hub import HubServer
@@ -169,3 +171,28 @@ def gcs_bucket(gcs_emulator: GcsEmulator) -> str:
     name = f"bucket-{os.getpid()}-{next(_bucket_ids)}"
     gcs_emulator.create_bucket(name)
     return name
+
+
+def _azurite(tmp_path_factory: pytest.TempPathFactory, https: bool) -> Iterator[Azurite]:
+    if azurite_executable() is None:
+        pytest.skip("Azurite is not installed: make install adds it when node and npm exist")
+    server = Azurite(tmp_path_factory.mktemp("azurite"), https=https).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
+    """Azurite's Blob service on 127.0.0.1 over HTTP (Shared Key and SAS)."""
+    yield from _azurite(tmp_path_factory, https=False)
+
+
+@pytest.fixture(scope="session")
+def azurite_oauth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
+    """Azurite over HTTPS with its OAuth check on, for bearer tokens."""
+    yield from _azurite(tmp_path_factory, https=True)
+
+
+@pytest.fixture
+def container_name() -> str:
+    return f"ctr-{os.getpid()}-{next(_bucket_ids)}"

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +16,7 @@ from initializers.manifest import find_problems, read_manifest
 from initializers.sources.gcs import GcsSource
 from tests.conftest import tree
 from tests.reliability.conftest import dataset
+from tests.servers.tokens import TokenServer
 
 MIB = 1 << 20
 FILES = dataset(
@@ -133,40 +132,6 @@ def test_a_replaced_object_is_not_mixed_with_the_generation_listed(gcs_emulator,
 # -- credentials ------------------------------------------------------------------------------
 
 
-class TokenServer:
-    """Google's OAuth token endpoint, as far as a service account key uses it."""
-
-    def __init__(self, grant: bool) -> None:
-        self.assertions: list[str] = []
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                form = self.rfile.read(int(self.headers["Content-Length"])).decode()
-                server.assertions.append(form)
-                if grant:
-                    body = json.dumps({"access_token": "ya29.test-token", "expires_in": 3600})
-                    status = 200
-                else:
-                    body = json.dumps({"error": "invalid_grant", "error_description": "bad key"})
-                    status = 400
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body.encode())
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/token"
-
-    def stop(self) -> None:
-        self._server.shutdown()
-
-
 def service_account_key(token_uri: str) -> tuple[str, str]:
     """A fresh key's JSON, and its private key (which must never be printed)."""
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
@@ -188,11 +153,11 @@ def service_account_key(token_uri: str) -> tuple[str, str]:
 
 
 @pytest.fixture
-def token_server() -> Iterator[callable]:
+def token_server() -> Iterator[Callable[[bool], TokenServer]]:
     started: list[TokenServer] = []
 
     def start(grant: bool) -> TokenServer:
-        started.append(TokenServer(grant))
+        started.append(TokenServer(lambda form: "ya29.test-token" if grant else None))
         return started[-1]
 
     yield start
@@ -206,7 +171,7 @@ def test_a_service_account_key_gets_a_token_before_the_listing(
 ):
     fill(gcs_emulator, gcs_bucket, "d", {"a.txt": b"a"})
     tokens = token_server(grant=True)
-    key, _ = service_account_key(tokens.url)
+    key, _ = service_account_key(tokens.url + "/token")
     if as_file:
         (tmp_path / "key.json").write_text(key)
         extra = {"GOOGLE_APPLICATION_CREDENTIALS": str(tmp_path / "key.json")}
@@ -218,10 +183,8 @@ def test_a_service_account_key_gets_a_token_before_the_listing(
     )
     assert result.code == 0, result.output
     assert tree(out) == {"a.txt": b"a"}
-    assert len(tokens.assertions) == 1  # one token, reused for every request
-    assert (
-        "grant_type=urn%3Aietf%3Aparams%3Aoauth%3Agrant-type%3Ajwt-bearer" in tokens.assertions[0]
-    )
+    assert len(tokens.forms) == 1  # one token, reused for every request
+    assert tokens.forms[0]["grant_type"] == "urn:ietf:params:oauth:grant-type:jwt-bearer"
     assert "PRIVATE KEY" not in result.output and "ya29.test-token" not in result.output
 
 
@@ -229,7 +192,7 @@ def test_a_key_the_token_endpoint_refuses_exits_3_without_printing_the_key(
     gcs_emulator, gcs_bucket, token_server, run_initializer, tmp_path
 ):
     fill(gcs_emulator, gcs_bucket, "d", {"a.txt": b"a"})
-    key, pem = service_account_key(token_server(grant=False).url)
+    key, pem = service_account_key(token_server(grant=False).url + "/token")
     env = gcs_env(
         gcs_emulator,
         f"gs://{gcs_bucket}/d",

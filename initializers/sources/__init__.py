@@ -22,6 +22,7 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "s3": ("initializers.sources.s3:S3Source", "pip install boto3"),
     "hf": ("initializers.sources.hf:HfSource", "pip install huggingface_hub"),
     "gs": ("initializers.sources.gcs:GcsSource", "pip install google-auth"),
+    "az": ("initializers.sources.azure:AzureSource", "reinstall the initializers package"),
     "file": ("initializers.sources.local:LocalSource", "reinstall the initializers package"),
     "https": ("initializers.sources.web:WebSource", "pip install urllib3"),
     "http": ("initializers.sources.web:WebSource", "pip install urllib3"),
@@ -50,6 +51,8 @@ def open_source(settings: Settings) -> Source:
             f"unsupported scheme {scheme}://{hint}; use one of "
             f"{', '.join(f'{s}://' for s in REGISTRY)}"
         )
+    if scheme in ("http", "https") and _is_azure_blob_host(rest):
+        scheme = "az"  # KServe's form of an Azure Blob URI
     target, install_hint = REGISTRY[scheme]
     module_name, class_name = target.split(":")
     try:
@@ -60,3 +63,8 @@ def open_source(settings: Settings) -> Source:
         ) from None
     source_class: type[Source] = getattr(module, class_name)
     return source_class.from_settings(rest, settings)
+
+
+def _is_azure_blob_host(rest: str) -> bool:
+    host = rest.split("/", 1)[0].rsplit("@", 1)[-1].split(":", 1)[0].lower()
+    return host.endswith(".blob.core.windows.net")

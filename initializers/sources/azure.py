@@ -1,0 +1,305 @@
+"""az:// — Azure Blob Storage: listed with the Blob service's REST API, fetched over the transport.
+
+``az://container/prefix`` takes the account from ``AZURE_STORAGE_ACCOUNT_NAME`` (or the
+connection string); KServe's form ``https://ACCOUNT.blob.core.windows.net/container/prefix``
+carries it in the host. Credentials, first found wins: ``--anonymous``; a connection string
+(``AZURE_STORAGE_CONNECTION_STRING``, which may also name the endpoint, e.g. Azurite's); a SAS
+token; an account key (``AZURE_STORAGE_ACCOUNT_KEY`` or KServe's ``AZURE_STORAGE_ACCESS_KEY``);
+a service principal (``AZURE_CLIENT_ID``/``AZURE_TENANT_ID``/``AZURE_CLIENT_SECRET``, or
+KServe's ``AZ_*``); AKS workload identity (``AZURE_FEDERATED_TOKEN_FILE``); else anonymous, for
+a public container. Blobs are pinned to the ETag listed (``If-Match``) and verified against
+their Content-MD5 when they have one, else by size.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import xml.etree.ElementTree as ElementTree
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol, Self
+from urllib.parse import quote, urlencode, urlsplit
+
+from initializers.config import Settings
+from initializers.errors import AuthError, NotFoundError, TransientError, UsageError
+from initializers.fsutil import UnsafePathError, safe_relpath
+from initializers.httpstatus import status_error
+from initializers.retry import RetryPolicy
+from initializers.sources.azauth import API_VERSION, EntraToken, SharedKey
+from initializers.sources.base import Checksum, Listing, RemoteFile, Source
+from initializers.streams import RangeReader
+from initializers.transport import HttpTransport, range_value
+
+log = logging.getLogger(__name__)
+
+_CONTAINER = re.compile(r"^(?=.{3,63}$)[a-z0-9]+(-[a-z0-9]+)*$")
+_ACCOUNT = re.compile(r"^[a-z0-9]{3,24}$")
+PUBLIC_SUFFIX = ".blob.core.windows.net"
+# Azurite's well-known development account (published in Microsoft's documentation).
+DEV_ACCOUNT = "devstoreaccount1"
+DEV_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+NO_CREDENTIALS_HINT = (
+    "pass credentials: AZURE_STORAGE_CONNECTION_STRING, AZURE_STORAGE_SAS_TOKEN, "
+    "AZURE_STORAGE_ACCOUNT_KEY, a service principal (AZURE_CLIENT_ID, AZURE_TENANT_ID, "
+    "AZURE_CLIENT_SECRET) or AKS workload identity"
+)
+
+
+class Signer(Protocol):
+    def headers(self, method: str, url: str, headers: Mapping[str, str]) -> dict[str, str]: ...
+
+
+@dataclass(frozen=True)
+class AzureLocation:
+    account: str | None  # None: from the settings
+    container: str
+    prefix: str
+
+    @classmethod
+    def parse(cls, uri: str) -> AzureLocation:
+        parts = urlsplit(uri)
+        account = None
+        if parts.scheme in ("http", "https"):  # KServe's https://ACCOUNT.blob.core.windows.net/...
+            account = (parts.hostname or "").removesuffix(PUBLIC_SUFFIX)
+            path = parts.path.lstrip("/")
+        else:
+            path = uri.split("://", 1)[1]
+        container, slash, prefix = path.partition("/")
+        if not _CONTAINER.match(container):
+            raise UsageError(
+                f"{uri}: {container!r} is not a valid container name (3-63 lowercase letters, "
+                "digits and single hyphens)"
+            )
+        if not slash:
+            raise UsageError(
+                f"{uri} names a whole container; add a prefix ({uri}/path) or end it with '/' "
+                "to fetch all of it"
+            )
+        return cls(account, container, prefix)
+
+
+class AzureSource(Source):
+    """Blobs under ``az://container/prefix`` (on a ``/`` boundary), or one blob."""
+
+    def __init__(self, location: AzureLocation, settings: Settings) -> None:
+        self.retry = RetryPolicy(attempts=settings.retries)
+        self._transport = HttpTransport(
+            workers=settings.workers, timeout=settings.timeout, ca_bundle=settings.ca_bundle
+        )
+        connection = _parse_connection_string(settings.azure_connection_string)
+        account = location.account or connection.get("accountname") or settings.azure_account
+        if not account:
+            raise UsageError(
+                "az:// needs the storage account: set AZURE_STORAGE_ACCOUNT_NAME, or give "
+                "AZURE_STORAGE_CONNECTION_STRING, or use https://ACCOUNT.blob.core.windows.net/..."
+            )
+        if not _ACCOUNT.match(account) and "blobendpoint" not in connection:
+            raise UsageError(f"{account!r} is not a valid Azure storage account name")
+        self.location = AzureLocation(account, location.container, location.prefix)
+        self._endpoint = (
+            connection.get("blobendpoint") or f"https://{account}{PUBLIC_SUFFIX}"
+        ).rstrip("/")
+        self._signer, self._sas = _credentials(settings, connection, account, self._transport)
+
+    @classmethod
+    def from_settings(cls, location: str, settings: Settings) -> Self:
+        uri = settings.storage_uri if "://" in settings.storage_uri else f"az://{location}"
+        return cls(AzureLocation.parse(uri), settings)
+
+    def describe(self) -> str:
+        return f"az://{self.location.container}/{self.location.prefix}"
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def _url(self, path: str, query: Mapping[str, str] | None = None) -> str:
+        pairs = urlencode(dict(query or {}))
+        sas = self._sas
+        joined = "&".join(part for part in (pairs, sas) if part)
+        return f"{self._endpoint}{path}" + (f"?{joined}" if joined else "")
+
+    def _headers(self, method: str, url: str, extra: Mapping[str, str]) -> dict[str, str]:
+        headers = {"x-ms-version": API_VERSION, **extra}
+        return self._signer.headers(method, url, headers) if self._signer else headers
+
+    def _request(
+        self, method: str, path: str, query: Mapping[str, str], what: str
+    ) -> tuple[int, Mapping[str, str], bytes]:
+        url = self._url(path, query)
+        status, headers, body = self._transport.request(
+            method, url, self._headers(method, url, {}), what
+        )
+        if status in (401, 403):
+            code = headers.get("x-ms-error-code", f"HTTP {status}")
+            hint = (
+                NO_CREDENTIALS_HINT
+                if self._signer is None and not self._sas
+                else (
+                    "check the key, SAS (its permissions and expiry) or the role assignment "
+                    "(Storage Blob Data Reader)"
+                )
+            )
+            raise AuthError(f"{self.describe()}: access denied ({code}); {hint}")
+        return status, headers, body
+
+    # -- listing --------------------------------------------------------------------------------
+
+    def list(self) -> Listing:
+        prefix = self.location.prefix
+        folder = prefix if prefix.endswith("/") or not prefix else prefix + "/"
+        blobs = self.retry.call(lambda: self._list_blobs(folder), self.describe())
+        if not blobs and prefix and not prefix.endswith("/"):
+            single = self.retry.call(lambda: self._properties(prefix), prefix)
+            if single is not None:
+                try:
+                    name = safe_relpath(prefix.rsplit("/", 1)[-1])
+                except UnsafePathError as exc:
+                    return Listing(None, [], [(prefix, str(exc))])
+                return Listing(None, [_remote(name, prefix, single)])
+        if not blobs:
+            raise NotFoundError(
+                f"no blobs under {self.describe().rstrip('/')}/ — check the container and "
+                "prefix (the prefix matches whole folder names)"
+            )
+        files, skipped = [], []
+        for name, properties in blobs:
+            if name.endswith("/") and properties.get("Content-Length") == "0":
+                continue  # a folder placeholder
+            try:
+                files.append(_remote(safe_relpath(name[len(folder) :]), name, properties))
+            except UnsafePathError as exc:
+                skipped.append((name, str(exc)))
+        return Listing(None, files, skipped)
+
+    def _list_blobs(self, folder: str) -> list[tuple[str, dict[str, str]]]:
+        found: list[tuple[str, dict[str, str]]] = []
+        marker = ""
+        while True:
+            query = {"restype": "container", "comp": "list", "prefix": folder}
+            if marker:
+                query["marker"] = marker
+            status, _, body = self._request(
+                "GET", f"/{self.location.container}", query, self.describe()
+            )
+            if status == 404:
+                raise NotFoundError(
+                    f"{self.describe()}: container {self.location.container!r} does not exist "
+                    f"in account {self.location.account!r}"
+                    + (
+                        ""
+                        if self._signer or self._sas
+                        else f"; if it is private, {NO_CREDENTIALS_HINT}"
+                    )
+                )
+            failure = status_error(status, self.describe())
+            if failure is not None:
+                raise failure
+            try:
+                root = ElementTree.fromstring(body)
+            except ElementTree.ParseError:
+                raise TransientError(f"{self.describe()}: the listing was not valid XML") from None
+            for blob in root.iter("Blob"):
+                properties = {
+                    child.tag: child.text or "" for child in blob.find("Properties") or ()
+                }
+                found.append((blob.findtext("Name", ""), properties))
+            marker = root.findtext("NextMarker") or ""
+            if not marker:
+                return found
+
+    def _properties(self, name: str) -> dict[str, str] | None:
+        path = f"/{self.location.container}/{quote(name, safe='/~')}"
+        status, headers, _ = self._request("HEAD", path, {}, name)
+        if status == 404:
+            return None
+        failure = status_error(status, name)
+        if failure is not None:
+            raise failure
+        return {
+            "Content-Length": headers.get("Content-Length", "0"),
+            "Content-MD5": headers.get("Content-MD5", ""),
+            "Etag": headers.get("ETag", ""),
+        }
+
+    # -- fetching -------------------------------------------------------------------------------
+
+    def open_range(self, file: RemoteFile, start: int, end: int) -> RangeReader:
+        url = self._url(f"/{self.location.container}/{quote(file.locator, safe='/~')}")
+        whole = start == 0 and end == file.size
+        extra = {"If-Match": file.version} if file.version else {}
+        if not whole:
+            extra["Range"] = range_value(start, end)  # signed, so set here as the transport will
+        headers = self._headers("GET", url, extra)
+        return self._transport.open_range(url, headers, start, end, file.path, whole=whole)
+
+    def close(self) -> None:
+        self._transport.close()
+
+
+def _remote(path: str, name: str, properties: Mapping[str, str]) -> RemoteFile:
+    md5 = properties.get("Content-MD5", "")
+    etag = properties.get("Etag", "").strip()
+    if etag and not etag.startswith('"'):
+        etag = f'"{etag}"'  # the listing's ETag is bare, the headers' quoted
+    return RemoteFile(
+        path=path,
+        size=int(properties.get("Content-Length") or 0),
+        version=etag or None,
+        checksum=Checksum("md5-base64", md5) if md5 else None,
+        locator=name,
+    )
+
+
+def _parse_connection_string(text: str | None) -> dict[str, str]:
+    """``Key=Value;...`` with lowercase keys; ``UseDevelopmentStorage=true`` means Azurite."""
+    if not text:
+        return {}
+    fields: dict[str, str] = {}
+    for part in text.strip().strip(";").split(";"):
+        key, eq, value = part.partition("=")
+        if not eq:
+            raise UsageError(
+                "AZURE_STORAGE_CONNECTION_STRING is not of the form Key=Value;Key=Value "
+                "(copy it from the storage account's access keys)"
+            )
+        fields[key.strip().lower()] = value.strip()
+    if fields.get("usedevelopmentstorage", "").lower() == "true":
+        fields.setdefault("accountname", DEV_ACCOUNT)
+        fields.setdefault("accountkey", DEV_KEY)
+        fields.setdefault("blobendpoint", f"http://127.0.0.1:10000/{DEV_ACCOUNT}")
+    if "blobendpoint" not in fields and "accountname" in fields:
+        protocol = fields.get("defaultendpointsprotocol", "https")
+        suffix = fields.get("endpointsuffix", "core.windows.net")
+        fields["blobendpoint"] = f"{protocol}://{fields['accountname']}.blob.{suffix}"
+    return fields
+
+
+def _credentials(
+    settings: Settings, connection: Mapping[str, str], account: str, transport: HttpTransport
+) -> tuple[Signer | None, str]:
+    """(request signer or None, SAS query string or "") for the first credential found."""
+    if settings.anonymous:
+        return None, ""
+    if "accountkey" in connection:
+        return SharedKey(account, connection["accountkey"]), ""
+    sas = connection.get("sharedaccesssignature") or settings.azure_sas
+    if sas:
+        return None, sas.lstrip("?")
+    if settings.azure_key:
+        return SharedKey(account, settings.azure_key), ""
+    federated = settings.azure_federated_token_file
+    if (
+        settings.azure_client_id
+        and settings.azure_tenant_id
+        and (settings.azure_client_secret or federated)
+    ):
+        token = EntraToken(
+            transport,
+            tenant=settings.azure_tenant_id,
+            client_id=settings.azure_client_id,
+            secret=settings.azure_client_secret,
+            federated_token_file=federated,
+            authority=settings.azure_authority,
+        )
+        return token, ""
+    return None, ""

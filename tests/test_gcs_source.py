@@ -10,10 +10,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from initializers.config import AssetDefaults, load_settings
-from initializers.errors import NotFoundError
 from initializers.manifest import find_problems, read_manifest
-from initializers.sources.gcs import GcsSource
 from tests.conftest import tree
 from tests.reliability.conftest import dataset
 from tests.servers.tokens import TokenServer
@@ -107,26 +104,6 @@ def test_missing_or_malformed_gcs_locations_exit_with_a_clear_error(
     assert result.code == code, result.output
     assert words in result.stderr
     assert "Traceback" not in result.output
-
-
-def test_a_replaced_object_is_not_mixed_with_the_generation_listed(gcs_emulator, gcs_bucket):
-    fill(gcs_emulator, gcs_bucket, "d", {"a.bin": b"old" * 1000})
-    settings = load_settings(
-        AssetDefaults("dataset", Path("/tmp/unused")),
-        ["--storage-uri", f"gs://{gcs_bucket}/d"],
-        env={},
-    )
-    import os
-
-    os.environ["STORAGE_EMULATOR_HOST"] = gcs_emulator.url
-    try:
-        source = GcsSource.from_settings(f"{gcs_bucket}/d", settings)
-        (listed,) = source.list().files
-        gcs_emulator.put(gcs_bucket, "d/a.bin", b"new" * 1000)
-        with pytest.raises(NotFoundError):
-            source.open_range(listed, 0, listed.size)
-    finally:
-        del os.environ["STORAGE_EMULATOR_HOST"]
 
 
 # -- credentials ------------------------------------------------------------------------------

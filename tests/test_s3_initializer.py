@@ -332,12 +332,12 @@ def test_the_failure_reason_goes_to_the_termination_log(bucket, run_initializer,
     log_file = tmp_path / "termination-log"
     result = run_initializer(
         "dataset",
-        env={**bucket.env("x"), "STORAGE_URI": "gs://b/x", "TERMINATION_LOG": str(log_file)},
+        env={**bucket.env("x"), "STORAGE_URI": "ftp://b/x", "TERMINATION_LOG": str(log_file)},
     )
     assert result.code == 2
     reason = log_file.read_text()
     assert reason.count("\n") == 1
-    assert "unsupported scheme gs://" in reason
+    assert "unsupported scheme ftp://" in reason
     assert reason.strip() in result.stderr
 
 

@@ -6,14 +6,10 @@ import io
 import random
 import tarfile
 import zipfile
-from pathlib import Path
 
 import pytest
 
-from initializers.config import AssetDefaults, load_settings
-from initializers.errors import IntegrityError
 from initializers.manifest import find_problems, read_manifest
-from initializers.sources.web import WebSource
 from tests.conftest import tree
 from tests.servers.files import file_server
 
@@ -45,12 +41,6 @@ def zip_bytes(files: dict[str, bytes]) -> bytes:
     return buffer.getvalue()
 
 
-def settings_for(url: str):
-    return load_settings(
-        AssetDefaults("model", Path("/tmp/unused")), ["--storage-uri", url], env={}
-    )
-
-
 def fetch(run_initializer, url: str, out, *args: str, env: dict[str, str] | None = None):
     return run_initializer("model", "--storage-uri", url, "--output", str(out), *args, env=env)
 
@@ -73,15 +63,6 @@ def test_a_large_file_comes_in_parallel_ranges_and_a_rerun_fetches_nothing(
     assert again.code == 0, again.output
     assert "already complete" in again.stderr
     assert web.body_bytes < 64 * MIB + 10  # nothing fetched twice
-
-
-def test_a_server_without_ranges_streams_the_file_whole():
-    body = RNG.randbytes(40 * MIB)
-    with file_server(ranges=False) as server:
-        url = server.put("/model.safetensors", body)
-        settings = settings_for(url)
-        (listed,) = WebSource(url, settings).list().files
-        assert listed.size == len(body) and not listed.ranged
 
 
 def test_without_ranges_the_cli_fetches_whole_and_verifies_the_size(run_initializer, tmp_path):
@@ -176,16 +157,6 @@ def test_private_headers_are_not_sent_on_to_another_host_after_a_redirect(
         assert all(h.get("X-Api-Key") == "key-7731" for h in web.gets("/private/config.json"))
         assert mirror.gets("/blob/config.json")
         assert not any("X-Api-Key" in h for h in mirror.gets("/blob/config.json"))
-
-
-def test_a_file_replaced_on_the_server_during_the_fetch_fails_instead_of_mixing(web):
-    url = web.put("/model.safetensors", b"a" * MIB)
-    settings = settings_for(url)
-    source = WebSource(url, settings)
-    (listed,) = source.list().files
-    web.put("/model.safetensors", b"b" * MIB)
-    with pytest.raises(IntegrityError, match="changed on the server"):
-        source.open_range(listed, 0, listed.size)
 
 
 @pytest.mark.parametrize(

@@ -69,6 +69,30 @@ BAD_INPUTS: list[Bad] = [
         "does not end with a file name",
     ),
     Bad(
+        "`gs://Bad_Bucket/d`",
+        {"STORAGE_URI": "gs://Bad_Bucket/d"},
+        2,
+        "is not a valid bucket name",
+    ),
+    Bad(
+        "`GOOGLE_APPLICATION_CREDENTIALS_JSON` that is not JSON",
+        {"STORAGE_URI": "gs://bucket/d", "GOOGLE_APPLICATION_CREDENTIALS_JSON": "not json"},
+        2,
+        "GOOGLE_APPLICATION_CREDENTIALS_JSON is not valid JSON",
+    ),
+    Bad(
+        "`az://container/d` without an account",
+        {"STORAGE_URI": "az://container/d"},
+        2,
+        "az:// needs the storage account: set AZURE_STORAGE_ACCOUNT_NAME",
+    ),
+    Bad(
+        "`AZURE_STORAGE_CONNECTION_STRING` that is not `Key=Value;...`",
+        {"STORAGE_URI": "az://container/d", "AZURE_STORAGE_CONNECTION_STRING": "garbage"},
+        2,
+        "is not of the form Key=Value;Key=Value",
+    ),
+    Bad(
         "`HTTP_HEADERS` that is not a JSON object",
         {"STORAGE_URI": "https://example.invalid/m.bin", "HTTP_HEADERS": "Authorization: x"},
         2,
@@ -321,6 +345,12 @@ BAD_INPUTS: list[Bad] = [
         3,
         "is gated: accept its conditions",
         kind="model",
+    ),
+    Bad(
+        "`gs://` with no credentials anywhere",
+        {"STORAGE_URI": "gs://bucket/d", "NO_GCE_CHECK": "true"},
+        3,
+        "no GCS credentials found",
     ),
     # -- unreachable ---------------------------------------------------------------------------
     Bad(

@@ -37,3 +37,22 @@ def test_a_kill_before_the_large_files_rename_is_resumed_not_refetched(
     assert rerun.code == 0, rerun.output
     assert "resuming 64.00 MiB already on disk" in rerun.stderr, rerun.stderr
     assert_identical(out, files)
+
+
+def test_an_object_replaced_after_the_listing_is_not_mixed_with_the_generation_listed(
+    gcs_emulator, gcs_bucket, proxies, launch, tmp_path
+):
+    # The download waits at the proxy while the object is overwritten (a new generation): the
+    # request pinned to the listed generation must fail, never deliver the new bytes.
+    fill(gcs_emulator, gcs_bucket, "d", {"a.bin": b"old" * 1000})
+    proxy = proxies(gcs_emulator.url)
+    proxy.hold(lambda request: request.path.startswith("/download/"))
+    out = tmp_path / "out"
+    env = gcs_env(gcs_emulator, f"gs://{gcs_bucket}/d", out, STORAGE_EMULATOR_HOST=proxy.url)
+    live = launch("dataset", env=env)
+    proxy.wait_parked()
+    gcs_emulator.put(gcs_bucket, "d/a.bin", b"new" * 1000)
+    proxy.release()
+    assert live.finish(timeout=60) == 4, live.stderr
+    assert "since it was listed" in live.stderr
+    assert not (out / "a.bin").exists()

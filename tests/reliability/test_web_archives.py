@@ -220,3 +220,20 @@ def test_random_faults_between_the_initializer_and_a_web_server_leave_a_byte_ide
         assert_identical(out, expected)
         assert find_problems(out) == []
     assert proxy.total_injected > 0
+
+
+def test_a_file_replaced_on_the_server_during_the_fetch_fails_instead_of_mixing(
+    web, proxies, launch, tmp_path
+):
+    web.put("/x/model.safetensors", b"a" * (3 * MIB))
+    proxy = proxies(web.url)
+    proxy.hold(lambda request: request.range != "bytes=0-0")  # the listing passes, the GET waits
+    out = tmp_path / "model"
+    url = proxy.url + "/x/model.safetensors"
+    live = launch("model", "--storage-uri", url, "--output", str(out), env={})
+    proxy.wait_parked()
+    web.put("/x/model.safetensors", b"b" * (3 * MIB))  # same size, a new ETag
+    proxy.release()
+    assert live.finish(timeout=60) == 5, live.stderr
+    assert "changed on the server while it was being fetched" in live.stderr
+    assert not (out / "model.safetensors").exists()

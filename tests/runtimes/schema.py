@@ -17,12 +17,14 @@ MODELS: dict[str, type] = {
     "TrainingRuntime": models.TrainerV1alpha1TrainingRuntime,
     "TrainJob": models.TrainerV1alpha1TrainJob,
     "Secret": models.IoK8sApiCoreV1Secret,
+    "ServiceAccount": models.IoK8sApiCoreV1ServiceAccount,
 }
 API_VERSIONS = {
     "ClusterTrainingRuntime": "trainer.kubeflow.org/v1alpha1",
     "TrainingRuntime": "trainer.kubeflow.org/v1alpha1",
     "TrainJob": "trainer.kubeflow.org/v1alpha1",
     "Secret": "v1",
+    "ServiceAccount": "v1",
 }
 
 

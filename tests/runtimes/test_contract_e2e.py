@@ -90,10 +90,18 @@ def _files_for(step: str) -> dict[str, bytes]:
     return MODEL_FILES if step == "model-initializer" else DATASET_FILES
 
 
-def seed(uri: str, step: str, gated: bool, hub: HubServer, s3: Any) -> None:
+def seed(uri: str, step: str, gated: bool, hub: HubServer, s3: Any, cloud: Any = None) -> None:
     """Put content at ``uri`` on the local servers (once per URI); a ``gated`` Hub repo serves
-    its files only to the test token, as Llama's does to accounts that accepted its licence."""
+    its files only to the test token, as Llama's does to accounts that accepted its licence.
+    ``cloud`` looks up the GCS and Azure emulators by scheme, started only when asked for."""
     scheme, _, location = uri.partition("://")
+    if scheme in ("gs", "az"):
+        bucket, _, prefix = location.partition("/")
+        emulator = cloud(scheme)
+        (emulator.create_bucket if scheme == "gs" else emulator.create_container)(bucket)
+        for name, body in _files_for(step).items():
+            emulator.put(bucket, f"{prefix.rstrip('/')}/{name}", body)
+        return
     if scheme == "hf":
         location = location.split("@", 1)[0]
         repo_type = "dataset" if location.startswith("datasets/") else "model"
@@ -135,9 +143,11 @@ def load_example(path: Path) -> tuple[Obj, dict[str, dict[str, str]]]:
 
 
 def point_at_local_servers(
-    train_job: Obj, secrets: dict, runtime: Obj, hub: HubServer, s3_endpoint: str
+    train_job: Obj, secrets: dict, runtime: Obj, hub: HubServer, s3_endpoint: str, cloud: Any = None
 ) -> Obj:
-    """The TrainJob with endpoint env upserted into each initializer that fetches something."""
+    """The TrainJob with endpoint env upserted into each initializer that fetches something:
+    for GCS the emulator's address; for Azure a connection string naming the emulator (its
+    development key stands in for the workload identity that cannot run here)."""
     local = copy.deepcopy(train_job)
     initializer = local["spec"].setdefault("initializer", {})
     for step, field in controller.STEP_FIELD.items():
@@ -145,11 +155,15 @@ def point_at_local_servers(
         if not uri:
             continue
         spec = initializer.setdefault(field, {})
-        endpoint = (
-            {"name": "HF_ENDPOINT", "value": hub.endpoint}
-            if uri.startswith("hf://")
-            else {"name": "ENDPOINT", "value": s3_endpoint}
-        )
+        if uri.startswith("hf://"):
+            endpoint = {"name": "HF_ENDPOINT", "value": hub.endpoint}
+        elif uri.startswith("gs://"):
+            endpoint = {"name": "STORAGE_EMULATOR_HOST", "value": cloud("gs").url}
+        elif uri.startswith("az://"):
+            connection = cloud("az").connection_string()
+            endpoint = {"name": "AZURE_STORAGE_CONNECTION_STRING", "value": connection}
+        else:
+            endpoint = {"name": "ENDPOINT", "value": s3_endpoint}
         spec["env"] = controller.upsert_env(spec.get("env", []), [endpoint])
     return local
 
@@ -208,17 +222,26 @@ def asset_root(path: str) -> str:
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[_example_id(p) for p in EXAMPLES])
 def test_example_trainjob_gets_its_assets_where_its_trainer_reads_them(
-    example: Path, tmp_path: Path, hub: HubServer, s3: Any, s3_endpoint: str
+    example: Path,
+    tmp_path: Path,
+    hub: HubServer,
+    s3: Any,
+    s3_endpoint: str,
+    request: pytest.FixtureRequest,
 ):
     train_job, secrets = load_example(example)
     runtime = rendered_runtime(train_job["spec"]["runtimeRef"]["name"])
-    train_job = point_at_local_servers(train_job, secrets, runtime, hub, s3_endpoint)
+
+    def cloud(scheme: str) -> Any:
+        return request.getfixturevalue({"gs": "gcs_emulator", "az": "azurite"}[scheme])
+
+    train_job = point_at_local_servers(train_job, secrets, runtime, hub, s3_endpoint, cloud)
     for step in STEPS:
         container = controller.initializer_container(runtime, step, train_job)
         env = controller.resolve_env(container, secrets)
         assert env.get("STORAGE_URI"), f"{example.name}: {step} has nothing to fetch"
         gated = any(key in env for key in ("HF_TOKEN", "ACCESS_TOKEN"))
-        seed(env["STORAGE_URI"], step, gated, hub, s3)
+        seed(env["STORAGE_URI"], step, gated, hub, s3, cloud)
 
     results = run_initializers(runtime, train_job, secrets, tmp_path)
 

@@ -11,6 +11,7 @@ import json
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from urllib.parse import quote
@@ -72,10 +73,14 @@ class GcsEmulator:
             return response.read()
 
     def create_bucket(self, name: str) -> None:
+        """Create it (or find it there already)."""
         body = json.dumps({"name": name}).encode()
-        self._call(
-            "POST", "/storage/v1/b?project=test", body, **{"Content-Type": "application/json"}
-        )
+        headers = {"Content-Type": "application/json"}
+        try:
+            self._call("POST", "/storage/v1/b?project=test", body, **headers)
+        except urllib.error.HTTPError as exc:
+            if exc.code != 409:
+                raise
 
     def put(self, bucket: str, name: str, body: bytes) -> None:
         path = f"/upload/storage/v1/b/{bucket}/o?uploadType=media&name={quote(name, safe='')}"

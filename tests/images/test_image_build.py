@@ -116,3 +116,15 @@ def test_image_adds_under_100_mib_to_the_python_base(images, kind):
     base = inspect(image["Config"]["Labels"]["org.opencontainers.image.base.name"])["Size"]
     print(f"{images[kind]}: {size / MiB:.0f} MiB ({(size - base) / MiB:.0f} MiB over the base)")
     assert size - base < 100 * MiB, f"image grew to {size / MiB:.0f} MiB"
+
+
+def test_botocore_keeps_the_models_of_s3_and_the_credential_chain_only(images, podman_run):
+    script = (
+        "import botocore.session as s; session = s.get_session(); "
+        "[session.create_client(n, region_name='us-east-1', aws_access_key_id='k', "
+        "aws_secret_access_key='s') for n in ('s3', 'sts', 'sso', 'sso-oidc', 'signin')]; "
+        "print(' '.join(sorted(session.get_available_services())))"
+    )
+    result = podman_run(images["model"], "-c", script, options=("--entrypoint", "python"))
+    assert result.code == 0, result.output
+    assert result.stdout.split() == ["s3", "signin", "sso", "sso-oidc", "sts"]

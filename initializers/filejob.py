@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 MIB = 1 << 20
 RANGE_SIZE = 32 * MIB  # bytes per request for large files
-CHECKPOINT = 8 * MIB  # journal granularity: at most this much is refetched per range on resume
+CHECKPOINT = 4 * MIB  # journal granularity: at most this much is refetched per range on resume
 
 
 class FileJob:

@@ -367,6 +367,22 @@ BAD_INPUTS: list[Bad] = [
         kind="model",
     ),
     Bad(
+        "GCS endpoint nobody listens on",
+        {"STORAGE_URI": "gs://bucket/d", "STORAGE_EMULATOR_HOST": "127.0.0.1:9", "RETRIES": "2"},
+        7,
+        "still failing after 2 attempts",
+    ),
+    Bad(
+        "Azure endpoint nobody listens on",
+        {
+            "STORAGE_URI": "az://container/d",
+            "AZURE_STORAGE_CONNECTION_STRING": "AccountName=acct;BlobEndpoint=http://127.0.0.1:9/acct",
+            "RETRIES": "2",
+        },
+        7,
+        "still failing after 2 attempts",
+    ),
+    Bad(
         "http(s) server nobody listens on",
         {"STORAGE_URI": "http://127.0.0.1:9/model.bin", "RETRIES": "2"},
         7,

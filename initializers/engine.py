@@ -370,20 +370,32 @@ class Engine:
                     if expected:
                         digest = checksums.new_digest(expected.algorithm, job.remote.size)
                 spans = None if streaming else job.span_digest(self.source)
+                copy_into = getattr(reader, "copy_into", None)
+                if copy_into is not None and digest is None and spans is None:
+                    # Nothing to digest: the kernel copies (copy_file_range, a reflink where
+                    # the filesystem shares blocks), in steps that keep stops and checkpoints.
+                    for count in copy_into(job.open(), position):
+                        advanced(count)
+                    return
                 for chunk in reader.chunks():
-                    if self.stop.is_set():
-                        raise Cancelled
                     self._write(job, chunk, position)
                     if digest is not None:
                         digest.update(chunk)
                     elif spans is not None:
                         spans.offer(chunk, position)
-                    position += len(chunk)
-                    self._progress.add_bytes(len(chunk))
-                    if job.resumable and position - checkpoint >= CHECKPOINT:
-                        start_writeback(job.open(), checkpoint, position - checkpoint)
-                        job.journal.record(start, position)
-                        checkpoint = position
+                    advanced(len(chunk))
+
+        def advanced(count: int) -> None:
+            """``count`` more bytes are in the .part: progress, and a checkpoint when due."""
+            nonlocal position, checkpoint
+            if self.stop.is_set():
+                raise Cancelled
+            position += count
+            self._progress.add_bytes(count)
+            if job.resumable and position - checkpoint >= CHECKPOINT:
+                start_writeback(job.open(), checkpoint, position - checkpoint)
+                job.journal.record(start, position)
+                checkpoint = position
 
         try:
             self.retry.call(attempt, job.remote.path, progress=lambda: position)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 from pathlib import Path
@@ -135,3 +136,27 @@ def test_a_file_written_to_while_it_is_copied_fails_instead_of_landing_mixed(tmp
         os.utime(path, ns=(0, 12345))
         with pytest.raises(IntegrityError, match="changed in the source folder"):
             list(chunks)
+
+
+@pytest.mark.parametrize("kernel_copy", [True, False], ids=["copy_file_range", "refused"])
+def test_the_kernel_copies_the_bytes_and_pread_pwrite_take_over_where_it_refuses(
+    kernel_copy, tmp_path, monkeypatch
+):
+    body = random.Random(8).randbytes(9 * MIB + 123)
+    make_folder(tmp_path / "src", {"w.bin": body})
+    if not kernel_copy:  # a filesystem pair the kernel cannot copy between (EXDEV)
+
+        def refuse(*args: object) -> int:
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+        monkeypatch.setattr(os, "copy_file_range", refuse)
+    source = LocalSource(tmp_path / "src")
+    (listed,) = source.list().files
+    target = os.open(tmp_path / "copy.bin", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        with source.open_range(listed, MIB, listed.size) as reader:
+            steps = list(reader.copy_into(target, MIB))
+        assert sum(steps) == listed.size - MIB and max(steps) <= 4 * MIB
+        assert os.pread(target, listed.size, MIB) == body[MIB:]
+    finally:
+        os.close(target)

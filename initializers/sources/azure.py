@@ -23,11 +23,11 @@ from urllib.parse import quote, urlencode, urlsplit
 
 from initializers.config import Settings
 from initializers.errors import AuthError, NotFoundError, TransientError, UsageError
-from initializers.fsutil import UnsafePathError, safe_relpath
 from initializers.httpstatus import status_error
 from initializers.retry import RetryPolicy
 from initializers.sources.azauth import API_VERSION, EntraToken, SharedKey
 from initializers.sources.base import Checksum, Listing, RemoteFile, Source
+from initializers.sources.prefix import Entry, list_prefix, split_location
 from initializers.streams import RangeReader
 from initializers.transport import HttpTransport, range_value
 
@@ -65,17 +65,8 @@ class AzureLocation:
             path = parts.path.lstrip("/")
         else:
             path = uri.split("://", 1)[1]
-        container, slash, prefix = path.partition("/")
-        if not _CONTAINER.match(container):
-            raise UsageError(
-                f"{uri}: {container!r} is not a valid container name (3-63 lowercase letters, "
-                "digits and single hyphens)"
-            )
-        if not slash:
-            raise UsageError(
-                f"{uri} names a whole container; add a prefix ({uri}/path) or end it with '/' "
-                "to fetch all of it"
-            )
+        rule = "3-63 lowercase letters, digits and single hyphens"
+        container, prefix = split_location("az", path, _CONTAINER, rule, noun="container")
         return cls(account, container, prefix)
 
 
@@ -145,34 +136,18 @@ class AzureSource(Source):
     # -- listing --------------------------------------------------------------------------------
 
     def list(self) -> Listing:
-        prefix = self.location.prefix
-        folder = prefix if prefix.endswith("/") or not prefix else prefix + "/"
-        blobs = self.retry.call(lambda: self._list_blobs(folder), self.describe())
-        if not blobs and prefix and not prefix.endswith("/"):
-            single = self.retry.call(lambda: self._properties(prefix), prefix)
-            if single is not None:
-                try:
-                    name = safe_relpath(prefix.rsplit("/", 1)[-1])
-                except UnsafePathError as exc:
-                    return Listing(None, [], [(prefix, str(exc))])
-                return Listing(None, [_remote(name, prefix, single)])
-        if not blobs:
-            raise NotFoundError(
-                f"no blobs under {self.describe().rstrip('/')}/ — check the container and "
-                "prefix (the prefix matches whole folder names)"
-            )
-        files, skipped = [], []
-        for name, properties in blobs:
-            if name.endswith("/") and properties.get("Content-Length") == "0":
-                continue  # a folder placeholder
-            try:
-                files.append(_remote(safe_relpath(name[len(folder) :]), name, properties))
-            except UnsafePathError as exc:
-                skipped.append((name, str(exc)))
-        return Listing(None, files, skipped)
+        return list_prefix(
+            self.location.prefix,
+            where=self.describe(),
+            retry=self.retry,
+            list_folder=self._list_blobs,
+            lookup=self._properties,
+            remote=_remote,
+            nouns=("blobs", "container"),
+        )
 
-    def _list_blobs(self, folder: str) -> list[tuple[str, dict[str, str]]]:
-        found: list[tuple[str, dict[str, str]]] = []
+    def _list_blobs(self, folder: str) -> list[Entry]:
+        found: list[Entry] = []
         marker = ""
         while True:
             query = {"restype": "container", "comp": "list", "prefix": folder}
@@ -202,12 +177,12 @@ class AzureSource(Source):
                 properties = {
                     child.tag: child.text or "" for child in blob.find("Properties") or ()
                 }
-                found.append((blob.findtext("Name", ""), properties))
+                found.append(_entry(blob.findtext("Name", ""), properties))
             marker = root.findtext("NextMarker") or ""
             if not marker:
                 return found
 
-    def _properties(self, name: str) -> dict[str, str] | None:
+    def _properties(self, name: str) -> Entry | None:
         path = f"/{self.location.container}/{quote(name, safe='/~')}"
         status, headers, _ = self._request("HEAD", path, {}, name)
         if status == 404:
@@ -215,11 +190,12 @@ class AzureSource(Source):
         failure = status_error(status, name)
         if failure is not None:
             raise failure
-        return {
+        properties = {
             "Content-Length": headers.get("Content-Length", "0"),
             "Content-MD5": headers.get("Content-MD5", ""),
             "Etag": headers.get("ETag", ""),
         }
+        return _entry(name, properties)
 
     # -- fetching -------------------------------------------------------------------------------
 
@@ -236,17 +212,22 @@ class AzureSource(Source):
         self._transport.close()
 
 
-def _remote(path: str, name: str, properties: Mapping[str, str]) -> RemoteFile:
+def _entry(name: str, properties: Mapping[str, str]) -> Entry:
+    return Entry(name, int(properties.get("Content-Length") or 0), properties)
+
+
+def _remote(path: str, entry: Entry) -> RemoteFile:
+    properties = entry.meta
     md5 = properties.get("Content-MD5", "")
     etag = properties.get("Etag", "").strip()
     if etag and not etag.startswith('"'):
         etag = f'"{etag}"'  # the listing's ETag is bare, the headers' quoted
     return RemoteFile(
         path=path,
-        size=int(properties.get("Content-Length") or 0),
+        size=entry.size,
         version=etag or None,
         checksum=Checksum("md5-base64", md5) if md5 else None,
-        locator=name,
+        locator=entry.key,
     )
 
 

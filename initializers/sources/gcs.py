@@ -34,10 +34,10 @@ import urllib3
 
 from initializers.config import Settings
 from initializers.errors import AuthError, NotFoundError, TransientError, UsageError
-from initializers.fsutil import UnsafePathError, safe_relpath
 from initializers.httpstatus import status_error
 from initializers.retry import RetryPolicy
 from initializers.sources.base import Checksum, Listing, RemoteFile, Source
+from initializers.sources.prefix import Entry, list_prefix, split_location
 from initializers.streams import RangeReader
 from initializers.transport import HttpTransport
 
@@ -57,18 +57,8 @@ class GcsLocation:
 
     @classmethod
     def parse(cls, location: str) -> GcsLocation:
-        bucket, slash, prefix = location.partition("/")
-        if not _BUCKET.match(bucket) or ".." in bucket:
-            raise UsageError(
-                f"gs://{location}: {bucket!r} is not a valid bucket name "
-                "(3-222 lowercase letters, digits, '.', '-', '_')"
-            )
-        if not slash:
-            raise UsageError(
-                f"gs://{bucket} names a whole bucket; add a prefix "
-                f"(gs://{bucket}/path) or write gs://{bucket}/ to fetch all of it"
-            )
-        return cls(bucket, prefix)
+        rule = "3-222 lowercase letters, digits, '.', '-', '_'"
+        return cls(*split_location("gs", location, _BUCKET, rule))
 
 
 class GcsSource(Source):
@@ -117,50 +107,32 @@ class GcsSource(Source):
     # -- listing --------------------------------------------------------------------------------
 
     def list(self) -> Listing:
-        prefix = self.location.prefix
-        folder = prefix if prefix.endswith("/") or not prefix else prefix + "/"
-        objects = self.retry.call(lambda: self._list_objects(folder), self.describe())
-        if not objects and prefix and not prefix.endswith("/"):
-            single = self.retry.call(lambda: self._object(prefix), prefix)
-            if single is not None:
-                try:
-                    name = safe_relpath(prefix.rsplit("/", 1)[-1])
-                except UnsafePathError as exc:
-                    return Listing(None, [], [(prefix, str(exc))])
-                return Listing(None, [_remote(name, single)])
-        if not objects:
-            raise NotFoundError(
-                f"no objects under {self.describe().rstrip('/')}/ — check the bucket and "
-                "prefix (the prefix matches whole folder names)"
-            )
-        files, skipped = [], []
-        for obj in objects:
-            key = obj["name"]
-            if key.endswith("/") and int(obj.get("size", 0)) == 0:
-                continue  # a folder placeholder
-            try:
-                files.append(_remote(safe_relpath(key[len(folder) :]), obj))
-            except UnsafePathError as exc:
-                skipped.append((key, str(exc)))
-        return Listing(None, files, skipped)
+        return list_prefix(
+            self.location.prefix,
+            where=self.describe(),
+            retry=self.retry,
+            list_folder=self._list_objects,
+            lookup=self._object,
+            remote=_remote,
+        )
 
-    def _list_objects(self, folder: str) -> list[dict[str, Any]]:
-        found: list[dict[str, Any]] = []
+    def _list_objects(self, folder: str) -> list[Entry]:
+        found: list[Entry] = []
         token: str | None = None
         while True:
             query = {"prefix": folder, "fields": _FIELDS, "maxResults": "1000"}
             if token:
                 query["pageToken"] = token
             page = self._get_json(f"/storage/v1/b/{quote(self.location.bucket)}/o", query)
-            found.extend(page.get("items", []))
+            found.extend(_entry(obj) for obj in page.get("items", []))
             token = page.get("nextPageToken")
             if not token:
                 return found
 
-    def _object(self, name: str) -> dict[str, Any] | None:
+    def _object(self, name: str) -> Entry | None:
         path = f"/storage/v1/b/{quote(self.location.bucket)}/o/{quote(name, safe='')}"
         try:
-            return self._get_json(path, {})
+            return _entry(self._get_json(path, {}))
         except NotFoundError:
             return None
 
@@ -201,7 +173,12 @@ class GcsSource(Source):
         self._transport.close()
 
 
-def _remote(path: str, obj: Mapping[str, Any]) -> RemoteFile:
+def _entry(obj: Mapping[str, Any]) -> Entry:
+    return Entry(obj["name"], int(obj.get("size", 0)), obj)
+
+
+def _remote(path: str, entry: Entry) -> RemoteFile:
+    obj = entry.meta
     if obj.get("crc32c"):
         checksum = Checksum("crc32c", obj["crc32c"])
     elif obj.get("md5Hash"):
@@ -210,10 +187,10 @@ def _remote(path: str, obj: Mapping[str, Any]) -> RemoteFile:
         checksum = None
     return RemoteFile(
         path=path,
-        size=int(obj.get("size", 0)),
+        size=entry.size,
         version=str(obj.get("generation", "")) or None,
         checksum=checksum,
-        locator=obj["name"],
+        locator=entry.key,
     )
 
 

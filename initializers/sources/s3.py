@@ -30,9 +30,9 @@ from botocore.parsers import ResponseParserFactory
 from initializers import checksum as checksums
 from initializers.config import Settings
 from initializers.errors import AuthError, NotFoundError, TransientError, UsageError
-from initializers.fsutil import UnsafePathError, safe_relpath
 from initializers.retry import RetryPolicy
 from initializers.sources.base import Checksum, Listing, RemoteFile, Source
+from initializers.sources.prefix import Entry, list_prefix, split_location
 from initializers.sources.s3sign import S3HeaderSigner
 from initializers.streams import RangeReader
 from initializers.transport import HttpTransport
@@ -85,17 +85,8 @@ class S3Location:
 
     @classmethod
     def parse(cls, location: str) -> S3Location:
-        bucket, slash, prefix = location.partition("/")
-        if not _BUCKET.match(bucket) or ".." in bucket:
-            raise UsageError(
-                f"s3://{location}: {bucket!r} is not a valid bucket name "
-                "(3-255 lowercase letters, digits, '.', '-')"
-            )
-        if not slash:
-            raise UsageError(
-                f"s3://{bucket} names a whole bucket; add a prefix "
-                f"(s3://{bucket}/path) or write s3://{bucket}/ to fetch all of it"
-            )
+        rule = "3-255 lowercase letters, digits, '.', '-'"
+        bucket, prefix = split_location("s3", location, _BUCKET, rule)
         if prefix.startswith("/"):
             raise UsageError(f"s3://{location}: the key starts with '/'; remove the extra slash")
         return cls(bucket, prefix)
@@ -198,32 +189,22 @@ class S3Source(Source):
     # -- listing --------------------------------------------------------------------------------
 
     def list(self) -> Listing:
-        prefix = self.location.prefix
-        folder = prefix if prefix.endswith("/") or not prefix else prefix + "/"
-        objects = self._list_objects(folder)
-        if not objects and prefix and not prefix.endswith("/"):
-            single = self._head_object(prefix)
-            if single is not None:
-                try:  # the object's own name must be as safe as any listed key
-                    name = safe_relpath(prefix.rsplit("/", 1)[-1])
-                except UnsafePathError as exc:
-                    return Listing(None, [], [(prefix, str(exc))])
-                return Listing(None, [self._remote(name, prefix, single)])
-        if not objects:
-            raise NotFoundError(
-                f"no objects under {self.describe().rstrip('/')}/ — check the "
-                "bucket and prefix (the prefix matches whole folder names)"
-            )
-        files, skipped = [], []
-        for obj in objects:
-            key = obj["Key"]
-            relative = key[len(folder) :]
-            if key.endswith("/") and obj.get("Size", 0) == 0:
-                continue  # a folder marker
-            try:
-                files.append(self._remote(safe_relpath(relative), key, obj))
-            except UnsafePathError as exc:
-                skipped.append((key, str(exc)))
+        return list_prefix(
+            self.location.prefix,
+            where=self.describe(),
+            retry=self.retry,
+            list_folder=self._list_objects,
+            lookup=self._head_entry,
+            remote=lambda path, entry: self._remote(path, entry.key, entry.meta),
+        )
+
+    def _list_objects(self, folder: str) -> list[Entry]:
+        paginator = self._client.get_paginator("list_objects_v2")
+        objects: list[dict[str, Any]] = []
+        for page in self._call(
+            lambda: list(paginator.paginate(Bucket=self.location.bucket, Prefix=folder))
+        ):
+            objects.extend(page.get("Contents", []))
         # Listings name a checksum's algorithm, not its value: a HEAD may find the value later,
         # unless the listing already says it is a composite of the parts (which verifies nothing).
         self._listed_composite = {o["Key"] for o in objects if o.get("ChecksumType") == "COMPOSITE"}
@@ -232,27 +213,21 @@ class S3Source(Source):
             for o in objects
             if o.get("ChecksumAlgorithm") and o["Key"] not in self._listed_composite
         }
-        return Listing(None, files, skipped)
+        return [Entry(o["Key"], int(o.get("Size", 0)), o) for o in objects]
 
-    def _list_objects(self, folder: str) -> list[dict[str, Any]]:
-        def page_all() -> list[dict[str, Any]]:
-            paginator = self._client.get_paginator("list_objects_v2")
-            found: list[dict[str, Any]] = []
-            for page in paginator.paginate(Bucket=self.location.bucket, Prefix=folder):
-                found.extend(page.get("Contents", []))
-            return found
-
-        return self.retry.call(lambda: self._call(page_all), self.describe())
+    def _head_entry(self, key: str) -> Entry | None:
+        found = self._head_once(key)
+        return Entry(key, int(found.get("ContentLength", 0)), found) if found is not None else None
 
     def _head_object(self, key: str) -> dict[str, Any] | None:
+        return self.retry.call(lambda: self._head_once(key), key)
+
+    def _head_once(self, key: str) -> dict[str, Any] | None:
         try:
-            return self.retry.call(
-                lambda: self._call(
-                    lambda: self._client.head_object(
-                        Bucket=self.location.bucket, Key=key, ChecksumMode="ENABLED"
-                    )
-                ),
-                key,
+            return self._call(
+                lambda: self._client.head_object(
+                    Bucket=self.location.bucket, Key=key, ChecksumMode="ENABLED"
+                )
             )
         except NotFoundError:
             return None

@@ -1,0 +1,83 @@
+"""The prefix rule every object store shares (S3, GCS, Azure Blob), written once.
+
+A URI's path is a folder on a ``/`` boundary (``s3://b/model`` never pulls ``model-v2/``), or,
+when no folder of that name exists, one object, landing under its own name. Zero-byte keys
+ending in ``/`` are folder placeholders, not files; a key whose relative name is unsafe is
+skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from initializers.errors import NotFoundError, UsageError
+from initializers.fsutil import UnsafePathError, safe_relpath
+from initializers.retry import RetryPolicy
+from initializers.sources.base import Listing, RemoteFile
+
+
+def split_location(
+    scheme: str, location: str, valid: re.Pattern[str], rule: str, noun: str = "bucket"
+) -> tuple[str, str]:
+    """``bucket/prefix`` → (bucket, prefix); a malformed name, or a bare bucket (a likely
+    mistake: ``scheme://bucket/`` says "all of it"), is a UsageError naming the fix."""
+    bucket, slash, prefix = location.partition("/")
+    if not valid.match(bucket) or ".." in bucket:
+        raise UsageError(f"{scheme}://{location}: {bucket!r} is not a valid {noun} name ({rule})")
+    if not slash:
+        raise UsageError(
+            f"{scheme}://{bucket} names a whole {noun}; add a prefix "
+            f"({scheme}://{bucket}/path) or write {scheme}://{bucket}/ to fetch all of it"
+        )
+    return bucket, prefix
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One listed object: its full key, its size, and what the source needs to describe it."""
+
+    key: str
+    size: int
+    meta: Any
+
+
+def list_prefix(
+    prefix: str,
+    *,
+    where: str,
+    retry: RetryPolicy,
+    list_folder: Callable[[str], list[Entry]],
+    lookup: Callable[[str], Entry | None],
+    remote: Callable[[str, Entry], RemoteFile],
+    nouns: tuple[str, str] = ("objects", "bucket"),
+) -> Listing:
+    """List ``prefix`` by the rule above; ``nouns`` name the objects and their container in the
+    not-found message ("blobs", "container" for Azure)."""
+    folder = prefix if prefix.endswith("/") or not prefix else prefix + "/"
+    entries = retry.call(lambda: list_folder(folder), where)
+    if not entries and prefix and not prefix.endswith("/"):
+        single = retry.call(lambda: lookup(prefix), prefix)
+        if single is not None:
+            try:  # the object's own name must be as safe as any listed key
+                name = safe_relpath(prefix.rsplit("/", 1)[-1])
+            except UnsafePathError as exc:
+                return Listing(None, [], [(prefix, str(exc))])
+            return Listing(None, [remote(name, single)])
+    if not entries:
+        things, container = nouns
+        raise NotFoundError(
+            f"no {things} under {where.rstrip('/')}/ — check the {container} and prefix "
+            "(the prefix matches whole folder names)"
+        )
+    files, skipped = [], []
+    for entry in entries:
+        if entry.key.endswith("/") and entry.size == 0:
+            continue  # a folder placeholder
+        try:
+            files.append(remote(safe_relpath(entry.key[len(folder) :]), entry))
+        except UnsafePathError as exc:
+            skipped.append((entry.key, str(exc)))
+    return Listing(None, files, skipped)

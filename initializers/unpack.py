@@ -122,7 +122,7 @@ def sync_archive(
         except OSError as exc:
             raise storage_error(exc, dest) from None
         shutil.rmtree(staging, ignore_errors=True)
-    log.info("unpacked %s: %d files, %s", archive.path, len(records), human_bytes(_total(records)))
+    log.info("unpacked %s", archive.path)
     fetched.files_total = fetched.files_fetched = len(records)
     fetched.bytes_total = _total(records)
     return fetched
@@ -138,7 +138,7 @@ def unpack(
     """Write the archive's safe members that ``choose`` keeps into ``dest``; returns their
     manifest records. The whole member list is read first (for a compressed tar, one more
     pass over the stream): the allow/ignore patterns and the weights preference need it."""
-    with _open_members(archive) as all_members:
+    with _ArchiveMembers(archive) as all_members:
         members: dict[str, Member] = {}
         for member in all_members:
             name = _checked_name(member)
@@ -152,12 +152,16 @@ def unpack(
             raise IntegrityError(f"{archive.name} holds no file that can be unpacked safely")
         chosen = choose([RemoteFile(name, m.size, version) for name, m in members.items()])
         _check_room(archive, dest, chosen)
+        log.info(
+            "unpacking %s: %d files, %s",
+            archive.name,
+            len(chosen),
+            human_bytes(sum(f.size for f in chosen)),
+        )
         commits = CommitLog(dest)
         group = GroupCommit(dest, commits)
         for file in chosen:
-            if stop.is_set():
-                raise Interrupted("stopped by a signal while unpacking; rerun to finish")
-            _write_member(dest, file.path, members[file.path], group, version)
+            _write_member(dest, file.path, members[file.path], group, version, stop)
     try:
         group.flush()
     except OSError as exc:
@@ -211,7 +215,12 @@ def _inside_archive(target: str, base: str = "") -> str | None:
 
 
 def _write_member(
-    dest: Path, name: str, member: Member, group: GroupCommit, version: str | None
+    dest: Path,
+    name: str,
+    member: Member,
+    group: GroupCommit,
+    version: str | None,
+    stop: threading.Event,
 ) -> None:
     final = dest / name
     ensure_dir_inside(dest, final.parent)
@@ -229,7 +238,11 @@ def _write_member(
         try:
             with member.open() as body:
                 while chunk := body.read(COPY_CHUNK):
-                    os.write(fd, chunk)
+                    if stop.is_set():  # SIGTERM: within a chunk, even inside a huge member
+                        raise Interrupted("stopped by a signal while unpacking; rerun to finish")
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[os.write(fd, view) :]
                     size += len(chunk)
         except (OSError, EOFError, zipfile.BadZipFile, tarfile.TarError) as exc:
             if isinstance(exc, OSError) and exc.errno is not None:
@@ -246,7 +259,7 @@ def _write_member(
         os.close(fd)
 
 
-class _open_members(AbstractContextManager["Iterator[Member]"]):
+class _ArchiveMembers(AbstractContextManager["Iterator[Member]"]):
     """The members of a tar (any compression tarfile reads) or zip archive, in archive order."""
 
     def __init__(self, path: Path) -> None:

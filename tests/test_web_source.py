@@ -5,11 +5,14 @@ from __future__ import annotations
 import io
 import random
 import tarfile
+import threading
 import zipfile
 
 import pytest
 
+from initializers.errors import Interrupted
 from initializers.manifest import find_problems, read_manifest
+from initializers.unpack import unpack
 from tests.conftest import tree
 from tests.servers.files import file_server
 
@@ -179,3 +182,15 @@ def test_a_missing_file_exits_4_and_a_dead_server_exits_7(web, run_initializer, 
     dead = fetch(run_initializer, "http://127.0.0.1:9/model.bin", tmp_path / "b", "--retries", "2")
     assert dead.code == 7, dead.output
     assert "cannot connect" in dead.stderr
+
+
+def test_a_stop_during_unpacking_leaves_no_member_under_its_final_name(tmp_path):
+    archive = tmp_path / "model.tar.gz"
+    archive.write_bytes(tar_bytes(MODEL))
+    out = tmp_path / "out"
+    out.mkdir()
+    stop = threading.Event()
+    stop.set()  # SIGTERM arrived: the first chunk of the first member is not written
+    with pytest.raises(Interrupted):
+        unpack(archive, out, '"v1"', lambda files: files, stop)
+    assert tree(out) == {}

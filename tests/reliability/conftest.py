@@ -90,6 +90,27 @@ def stop_with_sigterm(live: Live, final: Path, within: float) -> None:
     assert not final.exists()
 
 
+def kill_before_rename_then_resume(
+    launch: Callable[..., Live],
+    run_initializer: Callable[..., object],
+    kind: str,
+    args: tuple[str, ...],
+    env: dict[str, str],
+    out: Path,
+    files: dict[str, bytes],
+    big: str,
+) -> None:
+    """SIGKILL the fetch just before ``big`` (64 MiB, complete in its .part) is renamed; the
+    rerun must resume all of it from the journal, not fetch it again, and end byte-identical."""
+    live = launch(kind, *args, env=env, kill_at=("os.rename", big, 1, "before"))
+    assert live.finish(timeout=60) == -9, live.stderr
+    rerun = run_initializer(kind, *args, env=env)
+    assert rerun.code == 0, rerun.output  # type: ignore[attr-defined]
+    assert "resuming 64.00 MiB already on disk" in rerun.stderr, rerun.stderr  # type: ignore[attr-defined]
+    assert_identical(out, files)
+    FIGURES["SIGKILLs survived (other schemes)"] += 1
+
+
 def retry_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if "retrying in" in line]
 

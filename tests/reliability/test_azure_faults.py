@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from initializers.manifest import find_problems
 from initializers.sources.azure import DEV_ACCOUNT
-from tests.reliability.conftest import assert_identical, dataset
+from tests.reliability.conftest import assert_identical, dataset, kill_before_rename_then_resume
 from tests.servers.faultproxy import every_fault
 from tests.test_azure_source import MIB, env_for, fill
 
@@ -37,9 +37,6 @@ def test_a_kill_before_the_large_blobs_rename_is_resumed_not_refetched(
     env = env_for(
         f"az://{container_name}/d", out, AZURE_STORAGE_CONNECTION_STRING=azurite.connection_string()
     )
-    live = launch("dataset", env=env, kill_at=("os.rename", "big.bin", 1, "before"))
-    assert live.finish(timeout=60) == -9, live.stderr
-    rerun = run_initializer("dataset", env=env)
-    assert rerun.code == 0, rerun.output
-    assert "resuming 64.00 MiB already on disk" in rerun.stderr, rerun.stderr
-    assert_identical(out, files)
+    kill_before_rename_then_resume(
+        launch, run_initializer, "dataset", (), env, out, files, "big.bin"
+    )

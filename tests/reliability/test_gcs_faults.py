@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from initializers.manifest import find_problems
-from tests.reliability.conftest import assert_identical, dataset
+from tests.reliability.conftest import assert_identical, dataset, kill_before_rename_then_resume
 from tests.servers.faultproxy import every_fault
 from tests.test_gcs_source import MIB, fill, gcs_env
 
@@ -31,12 +31,9 @@ def test_a_kill_before_the_large_files_rename_is_resumed_not_refetched(
     fill(gcs_emulator, gcs_bucket, "d", files)
     out = tmp_path / "out"
     env = gcs_env(gcs_emulator, f"gs://{gcs_bucket}/d", out)
-    live = launch("dataset", env=env, kill_at=("os.rename", "big.bin", 1, "before"))
-    assert live.finish(timeout=60) == -9, live.stderr
-    rerun = run_initializer("dataset", env=env)
-    assert rerun.code == 0, rerun.output
-    assert "resuming 64.00 MiB already on disk" in rerun.stderr, rerun.stderr
-    assert_identical(out, files)
+    kill_before_rename_then_resume(
+        launch, run_initializer, "dataset", (), env, out, files, "big.bin"
+    )
 
 
 def test_an_object_replaced_after_the_listing_is_not_mixed_with_the_generation_listed(

@@ -11,9 +11,7 @@ import base64
 import datetime
 import hashlib
 import os
-import socket
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -21,6 +19,7 @@ from urllib.parse import quote
 
 from initializers.sources.azauth import API_VERSION, SharedKey
 from initializers.sources.azure import DEV_ACCOUNT, DEV_KEY
+from tests.servers.ports import free_port, wait_for_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -37,9 +36,7 @@ class Azurite:
     def __init__(self, root: Path, https: bool = False) -> None:
         self.root = root
         self.https = https
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
+        self.port = free_port()
         scheme = "https" if https else "http"
         self.endpoint = f"{scheme}://127.0.0.1:{self.port}/{DEV_ACCOUNT}"
         self.ca_file = root / "cert.pem"
@@ -70,14 +67,8 @@ class Azurite:
             key_file = self._self_signed()
             argv += ["--cert", str(self.ca_file), "--key", str(key_file), "--oauth", "basic"]
         self._proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return self
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError("Azurite did not start listening")
+        wait_for_port(self.port, 30, "Azurite")
+        return self
 
     def _self_signed(self) -> Path:
         from cryptography import x509

@@ -8,13 +8,13 @@ so a test can damage one behind the emulator's back (its metadata, checksums inc
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from urllib.parse import quote
+
+from tests.servers.ports import free_port, wait_for_port
 
 
 def binary() -> Path:
@@ -31,9 +31,7 @@ def binary() -> Path:
 class GcsEmulator:
     def __init__(self, root: Path) -> None:
         self.root = root
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -50,14 +48,8 @@ class GcsEmulator:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return self
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("fake-gcs-server did not start listening")
+        wait_for_port(self.port, 20, "fake-gcs-server")
+        return self
 
     def stop(self) -> None:
         if self._proc is not None:

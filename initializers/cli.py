@@ -13,10 +13,18 @@ import signal
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import NoReturn
 
+from initializers.cache import (
+    AssetCache,
+    entry_name,
+    fetch_through_cache,
+    key_material,
+    prove_read_access,
+)
 from initializers.config import (
     DEFAULT_TERMINATION_LOG,
     AssetDefaults,
@@ -24,14 +32,14 @@ from initializers.config import (
     load_settings,
     termination_log_for_bad_settings,
 )
-from initializers.engine import Engine, describe_outcome
+from initializers.engine import Engine, Outcome, describe_outcome
 from initializers.errors import ExitCode, InitializerError, Interrupted, NotFoundError
 from initializers.interrupts import interrupt_reads
 from initializers.logs import RedactSecrets, configure
 from initializers.retry import RetryPolicy
 from initializers.selection import select
 from initializers.sources import open_source
-from initializers.sources.base import RemoteFile
+from initializers.sources.base import Listing, RemoteFile, Source
 from initializers.unpack import archive_to_unpack, sync_archive
 
 log = logging.getLogger("initializers")
@@ -110,19 +118,56 @@ def _fetch(settings: Settings, stop: _StopOnSignal) -> None:
         def choose(files: list[RemoteFile]) -> list[RemoteFile]:
             return _choose(files, settings, source.describe())
 
-        stop.engine_running = True
         archive = archive_to_unpack(source, listing.files)
-        if archive is not None:
-            outcome = sync_archive(
-                archive, settings.output, settings.storage_uri, engine_for, choose, stop.event
-            )
+        chosen: list[RemoteFile] = [] if archive else choose(listing.files)
+
+        def fill(dest: Path) -> Outcome:
+            if archive is not None:
+                return sync_archive(
+                    archive, dest, settings.storage_uri, engine_for, choose, stop.event
+                )
+            return engine_for(dest).sync(chosen, settings.storage_uri, listing.revision)
+
+        stop.engine_running = True
+        if settings.cache_dir is None:
+            outcome = fill(settings.output)
         else:
-            outcome = engine_for(settings.output).sync(
-                choose(listing.files), settings.storage_uri, listing.revision
-            )
+            outcome = _through_cache(settings, source, listing, chosen, fill, stop.event)
         log.info("%s", describe_outcome(settings.kind, outcome))
     finally:
         source.close()
+
+
+def _through_cache(
+    settings: Settings,
+    source: Source,
+    listing: Listing,
+    chosen: list[RemoteFile],
+    fill: Callable[[Path], Outcome],
+    stop: threading.Event,
+) -> Outcome:
+    """Fetch into the cache entry for what the listing resolved, then link --output to it;
+    only for a caller who can read the source's bytes."""
+    assert settings.cache_dir is not None
+    shown = source.describe()
+    prove_read_access(source, chosen or listing.files, RetryPolicy(attempts=settings.retries))
+    endpoints = (settings.endpoint, settings.hf_endpoint, settings.azure_account)
+    material = key_material(
+        " ".join([shown, *(e for e in endpoints if e)]),
+        listing,
+        (settings.allow_patterns, settings.ignore_patterns, settings.fallback_weights),
+    )
+    return fetch_through_cache(
+        AssetCache(settings.cache_dir),
+        entry_name(shown, material),
+        settings.output,
+        fill,
+        shown=shown,
+        revision=listing.revision,
+        total=sum(f.size for f in chosen or listing.files),
+        stop=stop,
+        interval=settings.progress_interval,
+    )
 
 
 def _choose(files: list[RemoteFile], settings: Settings, where: str) -> list[RemoteFile]:

@@ -85,6 +85,7 @@ class Settings:
     azure_federated_token_file: Path | None = None
     azure_authority: str | None = None
     ca_bundle: str | None = None
+    cache_dir: Path | None = None
     log_format: str = "text"
     progress_interval: float = 5.0
     timeout: float = 60.0
@@ -167,9 +168,19 @@ OPTIONS: tuple[Option, ...] = (
         "storage_uri",
         "--storage-uri",
         ("STORAGE_URI",),
-        "what to fetch: s3://bucket/prefix, hf://[datasets/]org/repo[@revision][/path]",
+        "what to fetch: hf://[datasets/]org/repo[@revision][/path], s3://bucket/prefix, "
+        "gs://bucket/prefix, az://container/prefix, https://host/file[.tar.gz|.zip], "
+        "file:///folder",
     ),
     Option("output", "--output", ("OUTPUT_PATH",), "destination folder", Path),
+    Option(
+        "cache_dir",
+        "--cache-dir",
+        ("CACHE_DIR",),
+        "shared asset store (a ReadWriteMany volume, mounted at the same path in the trainer "
+        "nodes): fetch once into it, then make --output a link to the entry",
+        Path,
+    ),
     Option(
         "revision",
         "--revision",
@@ -534,6 +545,7 @@ def load_settings(
         gcs_key_json=values["gcs_key_json"],
         **{name: values[name] for name in _AZURE_FIELDS},
         ca_bundle=values["ca_bundle"],
+        cache_dir=values["cache_dir"],
         log_format=values["log_format"] or "text",
         progress_interval=values["progress_interval"] or 5.0,
         timeout=values["timeout"] or 60.0,

@@ -8,6 +8,7 @@ import fcntl
 import logging
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from initializers.errors import Interrupted, LocalStorageError
@@ -45,39 +46,88 @@ def inside(dest: Path, target: Path) -> bool:
     )
 
 
-class DestinationLock:
-    """An exclusive flock on the destination, so two initializers never interleave writes."""
+class FileLock:
+    """An exclusive flock on one lock file, waited for with a progress line, ended by a stop.
 
-    def __init__(self, dest: Path, stop: threading.Event | None = None) -> None:
-        self._path = dest / LOCK_NAME
+    After the lock is taken, the file must still be the one at ``path`` (same inode): a lock file
+    that was removed or replaced while we waited (the cache's prune does that) locks nothing, so
+    the wait starts again on the new file.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        stop: threading.Event | None = None,
+        *,
+        waiting: Callable[[], str] | None = None,
+        interval: float = 30.0,
+    ) -> None:
+        self.path = path
         self._fd: int | None = None
         self._stop = stop or threading.Event()  # SIGTERM ends the wait too
+        self._waiting = waiting or (
+            lambda: f"another initializer is working on {path.parent}; waiting for it to finish"
+        )
+        self._interval = interval
 
-    def __enter__(self) -> DestinationLock:
-        try:
-            self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-        except OSError as exc:
-            raise storage_error(exc, self._path) from None
+    def try_acquire(self) -> bool:
+        """Take the lock if it is free; False when someone holds it."""
+        self._open()
+        if self._take():
+            return True
+        self.release()
+        return False
+
+    def __enter__(self) -> FileLock:
+        self._open()
+        next_line = 0.0
         waited = 0.0
-        while True:
-            try:
-                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return self
-            except BlockingIOError:
-                if waited % 30 == 0:
-                    log.info(
-                        "another initializer is working on %s; waiting for it to finish",
-                        self._path.parent,
-                    )
-                if self._stop.wait(1):
-                    self.__exit__()
-                    raise Interrupted(
-                        "stopped by a signal while another initializer held the destination; "
-                        "rerun to resume"
-                    ) from None
-                waited += 1
+        while not self._take():
+            if waited >= next_line:
+                log.info("%s", self._waiting())
+                next_line = waited + self._interval
+            if self._stop.wait(0.2):
+                self.release()
+                raise Interrupted(
+                    "stopped by a signal while another initializer held the destination; "
+                    "rerun to resume"
+                ) from None
+            waited += 0.2
+        return self
 
     def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def release(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+    def _open(self) -> None:
+        try:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as exc:
+            raise storage_error(exc, self.path) from None
+
+    def _take(self) -> bool:
+        """One non-blocking attempt; on a lock file replaced meanwhile, reopen and say False."""
+        assert self._fd is not None
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        try:
+            current = os.stat(self.path, follow_symlinks=False).st_ino
+        except FileNotFoundError:
+            current = None
+        if current == os.fstat(self._fd).st_ino:
+            return True
+        self.release()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._open()
+        return False
+
+
+def destination_lock(dest: Path, stop: threading.Event | None = None) -> FileLock:
+    """The lock that keeps two initializers from interleaving writes in one destination."""
+    return FileLock(dest / LOCK_NAME, stop)

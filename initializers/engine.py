@@ -34,7 +34,7 @@ from pathlib import Path
 from initializers import checksum as checksums
 from initializers import processes
 from initializers.commits import GroupCommit, Verified
-from initializers.destination import DestinationLock, inside, storage_error
+from initializers.destination import destination_lock, inside, storage_error
 from initializers.errors import (
     InitializerError,
     IntegrityError,
@@ -112,7 +112,7 @@ class Engine:
     def sync(self, files: list[RemoteFile], source_uri: str, revision: str | None) -> Outcome:
         started = time.monotonic()
         self._make_dest()
-        with DestinationLock(self.dest, self.stop):
+        with destination_lock(self.dest, self.stop):
             outcome = self._sync_locked(files, source_uri, revision)
         outcome.seconds = time.monotonic() - started
         return outcome

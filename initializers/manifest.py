@@ -100,6 +100,11 @@ def find_problems(dest: Path) -> list[str]:
 
     Used by the launcher shims before they start training.
     """
+    if dest.is_symlink() and not dest.exists():
+        return [
+            f"{dest} links to {os.readlink(dest)}, which is not there: mount the cache volume "
+            "(CACHE_DIR) at the same path in this pod as in the initializers"
+        ]
     manifest = read_manifest(dest)
     if manifest is None:
         return [f"{manifest_path(dest)} is missing or unreadable (initializer not finished)"]

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import IO
 
 from initializers.commits import GroupCommit, Verified
-from initializers.destination import DestinationLock, inside, storage_error
+from initializers.destination import destination_lock, inside, storage_error
 from initializers.engine import Engine, Outcome
 from initializers.errors import IntegrityError, Interrupted, LocalStorageError
 from initializers.fsutil import (
@@ -97,7 +97,7 @@ def sync_archive(
         dest.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise storage_error(exc, dest) from None
-    with DestinationLock(dest, stop):
+    with destination_lock(dest, stop):
         old = read_manifest(dest)
         if (
             old is not None

@@ -76,6 +76,13 @@ class Source(ABC):
         """A hint: these ``(file, start, end)`` ranges will be opened, in about this order; a
         source may start requesting them now."""
 
+    def check_access(self, file: RemoteFile) -> None:
+        """Prove the caller may read ``file`` (not empty) or raise AuthError, reading as few
+        bytes as the protocol allows: here its first one; a source with a bodiless check (a
+        HEAD the store authorizes as a GET) overrides it."""
+        with self.open_range(file, 0, 1) as reader:
+            next(iter(reader.chunks()), None)
+
     def checksum_for(self, file: RemoteFile, headers: Mapping[str, str]) -> Checksum | None:
         """The digest to verify, given the response headers (a source may withdraw it)."""
         return file.checksum

@@ -33,6 +33,7 @@ from initializers import __version__
 from initializers.config import Settings
 from initializers.errors import AuthError, NotFoundError, TransientError, UsageError
 from initializers.fsutil import UnsafePathError, safe_relpath
+from initializers.httpstatus import check_status
 from initializers.native import WHOLE_BODY, NativeHttp
 from initializers.retry import RetryPolicy
 from initializers.sources.base import Checksum, Listing, RemoteFile, Source
@@ -222,6 +223,20 @@ class HfSource(Source):
             if self._gated:  # the Hub lists gated repos freely and refuses only the bytes
                 raise AuthError(self._gated_message()) from None
             raise
+
+    def check_access(self, file: RemoteFile) -> None:
+        """A HEAD of the file's resolve URL: the Hub refuses it as it refuses the GET."""
+        url = hf_hub_url(
+            self.repo_id,
+            file.locator,
+            repo_type=self.repo_type,
+            revision=self._commit,
+            endpoint=self.endpoint,
+        )
+        status, _, _ = self._large.request("HEAD", url, self._headers, file.path)
+        if status in (401, 403) and self._gated:
+            raise AuthError(self._gated_message())
+        check_status(status, f"{self.describe()}: {file.path}")
 
     def _repo_url(self) -> str:
         kind = "" if self.repo_type == "model" else f"{self.repo_type}s/"

@@ -222,6 +222,11 @@ class S3Source(Source):
     def _head_object(self, key: str) -> dict[str, Any] | None:
         return self.retry.call(lambda: self._head_once(key), key)
 
+    def check_access(self, file: RemoteFile) -> None:
+        """A HEAD: S3 authorizes it with s3:GetObject, exactly as a GET, and sends no body."""
+        if self._head_once(file.locator) is None:
+            raise NotFoundError(f"s3://{self.location.bucket}/{file.locator}: deleted since listed")
+
     def _head_once(self, key: str) -> dict[str, Any] | None:
         try:
             return self._call(

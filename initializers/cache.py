@@ -1,0 +1,314 @@
+"""The shared asset store: one fetch per source version, linked into many TrainJobs' workspaces.
+
+An entry is an ordinary destination (files, journal, manifest), named by a key derived from what
+the caller's own listing resolved: the source, its revision, the patterns, and every listed
+file's path, size, version and checksum. A changed source therefore gets a new entry, and an
+unchanged one is found again without trusting anything but the manifest's size and mtime checks
+the engine already makes. The output folder becomes a symlink to the entry.
+
+Under ``CACHE_DIR``::
+
+    entries/NAME/                       one entry: the fetched tree and its manifest
+    entries/NAME/.initializer-cache.json  where it came from, its size, when it was last used
+    entries/NAME.lock                   held while an initializer fills or links NAME, or prune
+                                        removes it
+    .trash/                             entries prune is deleting
+
+NAME is a readable slug of the source and 24 hex digits of the key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from initializers.destination import FileLock, storage_error
+from initializers.errors import LocalStorageError
+from initializers.fsutil import atomic_write_bytes
+from initializers.manifest import find_problems, read_manifest
+from initializers.progress import human_bytes
+from initializers.retry import RetryPolicy
+from initializers.sources.base import Listing, RemoteFile, Source
+
+if TYPE_CHECKING:
+    from initializers.engine import Outcome
+
+log = logging.getLogger(__name__)
+
+ENTRIES = "entries"
+TRASH = ".trash"
+INFO_NAME = ".initializer-cache.json"
+_SLUG_UNSAFE = re.compile(r"[^a-z0-9.]+")
+
+
+def entry_name(shown_source: str, material: dict[str, object]) -> str:
+    """``<slug>-<24 hex>``: the slug says what it is, the digest of ``material`` which one."""
+    digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:24]
+    slug = _SLUG_UNSAFE.sub("-", shown_source.lower()).strip("-.")[:48].rstrip("-.")
+    return f"{slug or 'entry'}-{digest}"
+
+
+def key_material(
+    where: str, listing: Listing, patterns: tuple[tuple[str, ...], ...]
+) -> dict[str, object]:
+    """What identifies one version of one asset: ``where`` (the source as shown, plus its
+    endpoint), the resolved revision, the patterns, and every listed file's identity."""
+    return {
+        "where": where,
+        "revision": listing.revision,
+        "patterns": [list(p) for p in patterns],
+        "files": sorted(
+            [f.path, f.size, f.version, str(f.checksum) if f.checksum else None]
+            for f in listing.files
+        ),
+    }
+
+
+@dataclass(frozen=True)
+class EntryInfo:
+    """One entry as ``initializer-cache ls`` shows it."""
+
+    name: str
+    source: str
+    revision: str | None
+    size: int  # bytes on disk, whether complete or not
+    files: int
+    complete: bool
+    last_used: float
+    held: bool
+
+
+class AssetCache:
+    """The entries under one cache folder."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.entries_dir = root / ENTRIES
+
+    # -- one entry, for an initializer ----------------------------------------------------------
+
+    def lock(
+        self, name: str, stop: threading.Event, shown: str, total: int, interval: float
+    ) -> FileLock:
+        """The entry's lock, whose wait logs what the holder has fetched so far."""
+        entry = self.entries_dir / name
+
+        def waiting() -> str:
+            return (
+                f"waiting for another initializer fetching {shown} into the cache "
+                f"({name}: {human_bytes(disk_usage(entry))} of {human_bytes(total)} on disk)"
+            )
+
+        self._ensure_real_dir(self.entries_dir)
+        return FileLock(self.entries_dir / f"{name}.lock", stop, waiting=waiting, interval=interval)
+
+    def prepare(self, name: str) -> Path:
+        """The entry's folder, made safe to fetch into: a real folder, no symlink inside.
+
+        Called with the entry's lock held. The engine rechecks every file against the manifest;
+        what is removed here is what it must never follow: symlinks anyone planted.
+        """
+        entry = self.entries_dir / name
+        self._ensure_real_dir(entry)
+        for folder, dirs, files in os.walk(entry):
+            for item in dirs + files:
+                path = Path(folder, item)
+                if path.is_symlink():
+                    log.warning("cache: removing the symlink %s planted in the entry", path)
+                    path.unlink()
+        return entry
+
+    def record_use(self, name: str, source: str, revision: str | None) -> None:
+        """Note the entry's source (as shown, no secret) and that it was used now."""
+        entry = self.entries_dir / name
+        manifest = read_manifest(entry)
+        info = {
+            "source": source,
+            "revision": revision,
+            "files": len(manifest.files) if manifest else 0,
+            "bytes": manifest.total_bytes() if manifest else 0,
+            "last_used": time.time(),
+        }
+        try:
+            atomic_write_bytes(entry / INFO_NAME, (json.dumps(info, indent=1) + "\n").encode())
+        except OSError as exc:
+            raise storage_error(exc, entry / INFO_NAME) from None
+
+    def _ensure_real_dir(self, path: Path) -> None:
+        """``path`` as a real folder: a symlink or file planted in its place is removed."""
+        try:
+            if path.is_symlink() or (path.exists() and not path.is_dir()):
+                log.warning("cache: replacing %s, which is not a folder", path)
+                path.unlink()
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise storage_error(exc, path) from None
+
+    # -- every entry, for ls and prune ----------------------------------------------------------
+
+    def entries(self) -> list[EntryInfo]:
+        """Every entry, complete or not, least recently used first."""
+        found = []
+        with contextlib.suppress(FileNotFoundError):
+            for path in self.entries_dir.iterdir():
+                if path.is_dir() and not path.is_symlink():
+                    found.append(self._describe(path))
+        return sorted(found, key=lambda e: e.last_used)
+
+    def _describe(self, entry: Path) -> EntryInfo:
+        try:
+            info = json.loads((entry / INFO_NAME).read_bytes())
+            if not isinstance(info, dict):
+                info = {}
+        except (OSError, ValueError):
+            info = {}
+        lock = FileLock(self.entries_dir / f"{entry.name}.lock")
+        held = not lock.try_acquire()
+        lock.release()
+        last_used = info.get("last_used")
+        return EntryInfo(
+            name=entry.name,
+            source=str(info.get("source", "?")),
+            revision=info.get("revision"),
+            size=disk_usage(entry),
+            files=int(info.get("files", 0)),
+            complete=not find_problems(entry),
+            last_used=last_used if isinstance(last_used, (int, float)) else entry.stat().st_mtime,
+            held=held,
+        )
+
+    def remove(self, name: str) -> bool:
+        """Delete one entry unless an initializer holds it; True when it is gone.
+
+        The entry is moved into ``.trash`` while its lock is held, so no initializer can link
+        a half-deleted tree, and the lock file goes with it: an initializer waiting on it then
+        sees its lock file replaced and starts a fresh entry.
+        """
+        lock = FileLock(self.entries_dir / f"{name}.lock")
+        if not lock.try_acquire():
+            return False
+        try:
+            trash = self.root / TRASH
+            self._ensure_real_dir(trash)
+            doomed = trash / f"{name}.{os.getpid()}.{time.monotonic_ns()}"
+            os.rename(self.entries_dir / name, doomed)
+            lock.path.unlink(missing_ok=True)
+        finally:
+            lock.release()
+        shutil.rmtree(doomed, ignore_errors=True)
+        return True
+
+    def empty_trash(self) -> None:
+        """Finish deletions a killed prune left behind."""
+        with contextlib.suppress(FileNotFoundError):
+            for path in (self.root / TRASH).iterdir():
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def to_prune(
+    entries: list[EntryInfo], max_size: int | None, older_than: float | None, now: float
+) -> list[EntryInfo]:
+    """The entries to remove, least recently used first: those unused for ``older_than``
+    seconds, then more until the rest fit in ``max_size``. Held entries are never chosen."""
+    chosen: list[EntryInfo] = []
+    kept = sum(e.size for e in entries)
+    for entry in sorted(entries, key=lambda e: e.last_used):
+        if entry.held:
+            continue
+        too_old = older_than is not None and now - entry.last_used > older_than
+        too_big = max_size is not None and kept > max_size
+        if too_old or too_big:
+            chosen.append(entry)
+            kept -= entry.size
+    return chosen
+
+
+def disk_usage(folder: Path) -> int:
+    """Bytes the folder's files take on disk (sparse .part files count what is written)."""
+    total = 0
+    for root, _dirs, files in os.walk(folder):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+    return total
+
+
+def expose(entry: Path, output: Path) -> None:
+    """Make ``output`` a symlink to ``entry``, atomically (a reader sees the old or the new).
+
+    A symlink rather than hard links: the cache and the workspace are usually different volumes,
+    one link costs the same for 2 files or 2 million, and prune can reclaim the entry's space.
+    """
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        if output.is_dir() and not output.is_symlink():
+            if any(output.iterdir()):
+                raise LocalStorageError(
+                    f"{output} is a folder with files in it; with CACHE_DIR the output becomes "
+                    "a link into the cache: empty or remove it, or choose another --output"
+                )
+            os.rmdir(output)
+        elif output.exists() and not output.is_symlink():
+            raise LocalStorageError(f"{output} is a file; remove it or choose another --output")
+        temporary = output.with_name(f".{output.name}.initializer-link")
+        temporary.unlink(missing_ok=True)
+        os.symlink(entry, temporary)
+        os.replace(temporary, output)
+    except OSError as exc:
+        if exc.errno == errno.EBUSY:
+            raise LocalStorageError(
+                f"{output} is a mount point, which cannot become a link into the cache; mount "
+                "the volume at its parent folder (e.g. /workspace) instead"
+            ) from None
+        raise storage_error(exc, output) from None
+
+
+def prove_read_access(source: Source, files: list[RemoteFile], retry: RetryPolicy) -> None:
+    """Check with the caller's credentials that they may read the smallest file's bytes.
+
+    A listing is not enough: the Hub lists gated repos to everyone and refuses only the bytes,
+    and S3 grants ListBucket apart from GetObject. Without this read, a complete entry would hand
+    a caller the bytes the source refuses them. Raises the source's AuthError (exit 3).
+    """
+    readable = [f for f in files if f.size > 0]
+    if not readable:
+        return  # no byte to refuse
+    smallest = min(readable, key=lambda f: f.size)
+    retry.call(lambda: source.check_access(smallest), f"checking read access to {smallest.path}")
+
+
+def fetch_through_cache(
+    cache: AssetCache,
+    name: str,
+    output: Path,
+    fill: Callable[[Path], Outcome],
+    *,
+    shown: str,
+    revision: str | None,
+    total: int,
+    stop: threading.Event,
+    interval: float,
+) -> Outcome:
+    """Fill the entry ``name`` (``fill`` runs the engine into it; it does nothing when the entry
+    is complete) under its lock, then link ``output`` to it, still under the lock, so prune can
+    never remove an entry between its check and its link."""
+    with cache.lock(name, stop, shown, total, interval):
+        entry = cache.prepare(name)
+        log.info("cache: entry %s", entry)
+        outcome = fill(entry)
+        cache.record_use(name, shown, revision)
+        expose(entry, output)
+    log.info("cache: %s links to %s", output, entry)
+    return outcome

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import NoReturn
+from urllib.parse import urlsplit, urlunsplit
 
 from initializers.cache import (
     AssetCache,
@@ -121,12 +122,12 @@ def _fetch(settings: Settings, stop: _StopOnSignal) -> None:
         archive = archive_to_unpack(source, listing.files)
         chosen: list[RemoteFile] = [] if archive else choose(listing.files)
 
+        recorded = _recorded_uri(settings.storage_uri)
+
         def fill(dest: Path) -> Outcome:
             if archive is not None:
-                return sync_archive(
-                    archive, dest, settings.storage_uri, engine_for, choose, stop.event
-                )
-            return engine_for(dest).sync(chosen, settings.storage_uri, listing.revision)
+                return sync_archive(archive, dest, recorded, engine_for, choose, stop.event)
+            return engine_for(dest).sync(chosen, recorded, listing.revision)
 
         stop.engine_running = True
         if settings.cache_dir is None:
@@ -136,6 +137,15 @@ def _fetch(settings: Settings, stop: _StopOnSignal) -> None:
         log.info("%s", describe_outcome(settings.kind, outcome))
     finally:
         source.close()
+
+
+def _recorded_uri(uri: str) -> str:
+    """The storage URI as the manifest records it: a URL without its query string and user
+    info, which are credentials (a presigned URL's signature, a password)."""
+    parts = urlsplit(uri)
+    if parts.scheme.lower() not in ("http", "https"):
+        return uri
+    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
 
 
 def _through_cache(

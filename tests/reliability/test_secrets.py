@@ -166,3 +166,23 @@ def test_hub_runs_that_succeed_retry_and_fail_leak_no_token_anywhere(
     assert argv_watch.hits == []
     assert leaks(*outputs, folders=tuple(folders)) == []
     assert hub.leaked_auth == []  # the token never went to the CDN, even through the proxies
+
+
+def test_a_presigned_urls_signature_is_never_written_to_the_manifest_or_the_cache(
+    web, run_initializer, tmp_path
+):
+    body = dataset(71, {"w": 3 * MIB})["w"]
+    url = web.put("/dl/model.safetensors", body) + "?X-Amz-Signature=sig-do-not-leak-77"
+    plain = tmp_path / "plain"
+    cache = tmp_path / "cache"
+    outputs = []
+    for env in (
+        {"OUTPUT_PATH": str(plain)},
+        {"OUTPUT_PATH": str(tmp_path / "ws"), "CACHE_DIR": str(cache)},
+    ):
+        result = run_initializer("model", env={"STORAGE_URI": url, "DEBUG": "true", **env})
+        assert result.code == 0, result.output
+        outputs += [result.stdout, result.stderr]
+
+    assert (plain / "model.safetensors").read_bytes() == body
+    assert leaks(*outputs, folders=(plain, cache)) == []

@@ -6,6 +6,12 @@ carry; the S3 additional checksums (``s3-crc32``, ``s3-crc32c``, ``s3-sha1``, ``
 and ``md5-base64`` (GCS's ``md5Hash``, Azure's ``Content-MD5``) are encoded the same way. CRC32C
 and CRC64NVME need awscrt; without it they are reported unsupported and only the size is
 verified.
+
+Where a source announces several digests of one file (a GCS object's crc32c and md5Hash), they
+are one checksum to the engine, verified all at once in the same pass over the bytes: the
+algorithms joined by ``+`` (``crc32c+md5-base64``), the values by ``,`` in the same order
+(base64 and hex have no comma). It matches only when every digest does. :func:`all_of` builds
+one.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import hashlib
 import os
 import threading
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 READ_SIZE = 4 << 20
@@ -69,6 +75,32 @@ class _GitBlob(_Hashlib):
         self.update(b"blob %d\0" % size)
 
 
+class _AllOf:
+    """Several digests of the same bytes, fed together; ``finish`` gives their values joined."""
+
+    def __init__(self, digests: list[Digest]) -> None:
+        self._digests = digests
+
+    def update(self, data: bytes) -> None:
+        for digest in self._digests:
+            digest.update(data)
+
+    def finish(self) -> str:
+        return VALUES.join(digest.finish() for digest in self._digests)
+
+
+ALGORITHMS = "+"  # joins the algorithms of digests verified together
+VALUES = ","  # joins their values, in the same order
+
+
+def all_of(digests: Sequence[tuple[str, str]]) -> tuple[str, str]:
+    """The (algorithm, value) that verifies every ``(algorithm, value)`` of ``digests``."""
+    return (
+        ALGORITHMS.join(algorithm for algorithm, _ in digests),
+        VALUES.join(value for _, value in digests),
+    )
+
+
 # algorithm -> (awscrt.checksums function, width in bytes)
 _CRT_CHECKSUMS = {
     "s3-crc32c": ("crc32c", 4),
@@ -78,6 +110,12 @@ _CRT_CHECKSUMS = {
 
 
 def _factory(algorithm: str, size: int = 0) -> Callable[[], Digest] | None:
+    if ALGORITHMS in algorithm:
+        parts = [_factory(part, size) for part in algorithm.split(ALGORITHMS)]
+        made = [part for part in parts if part is not None]
+        if len(made) < len(parts):
+            return None  # one cannot be computed here: a source offers only the ones that can
+        return lambda: _AllOf([make() for make in made])
     if algorithm in ("md5", "sha1", "sha256"):
         return lambda: _Hashlib(algorithm, b64=False)
     if algorithm == "git-sha1":

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from urllib.parse import quote
+from urllib.request import urlopen
 
 import pytest
+from awscrt.checksums import crc32c
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
@@ -40,7 +46,7 @@ def gcs_env(emulator, uri: str, out: Path, **extra: str) -> dict[str, str]:
     }
 
 
-def test_a_prefix_is_fetched_relative_to_it_verified_by_crc32c_and_a_rerun_fetches_nothing(
+def test_a_prefix_is_fetched_relative_to_it_verified_by_crc32c_and_md5_and_a_rerun_fetches_nothing(
     gcs_emulator, gcs_bucket, run_initializer, tmp_path
 ):
     fill(gcs_emulator, gcs_bucket, "models/llama", FILES)
@@ -52,7 +58,7 @@ def test_a_prefix_is_fetched_relative_to_it_verified_by_crc32c_and_a_rerun_fetch
     assert tree(out) == FILES
     assert find_problems(out) == []
     checksums = {r.checksum.split(":")[0] for r in read_manifest(out).files.values()}
-    assert checksums == {"crc32c"}
+    assert checksums == {"crc32c+md5-base64"}
 
     again = run_initializer("model", env=env)
     assert again.code == 0, again.output
@@ -74,6 +80,50 @@ def test_one_object_lands_under_its_own_name(gcs_emulator, gcs_bucket, run_initi
     assert tree(out) == {"config.json": b'{"a": 1}'}
 
 
+def same_crc32c_other_bytes(body: bytes) -> bytes:
+    """``body`` damaged at its first byte, its last 4 bytes then set so the crc32c stays the
+    same: damage crc32c cannot see. A CRC is affine in the bytes, so the 4 bytes are the
+    solution of 32 linear equations over GF(2); no such shortcut exists for MD5."""
+    damaged = bytearray(body)
+    damaged[0] ^= 0xFF
+    tail = int.from_bytes(damaged[-4:], "big")
+
+    def crc_with(flip: int) -> int:
+        damaged[-4:] = (tail ^ flip).to_bytes(4, "big")
+        return crc32c(bytes(damaged))
+
+    unflipped = crc_with(0)
+    basis: list[tuple[int, int]] = []  # (crc change, bits flipped), distinct top bits, descending
+    for bit in range(32):
+        change, flips = crc_with(1 << bit) ^ unflipped, 1 << bit
+        for known, known_flips in basis:
+            if change ^ known < change:  # known's top bit is set in change
+                change, flips = change ^ known, flips ^ known_flips
+        if change:
+            basis = sorted([*basis, (change, flips)], reverse=True)
+    wanted, flips = unflipped ^ crc32c(body), 0
+    for known, known_flips in basis:
+        if wanted ^ known < wanted:
+            wanted, flips = wanted ^ known, flips ^ known_flips
+    assert wanted == 0
+    crc_with(flips)
+    return bytes(damaged)
+
+
+def relist_md5(emulator, bucket: str, name: str, md5: str) -> None:
+    """Make the emulator list ``md5`` as the object's md5Hash (fake-gcs-server's filesystem
+    backend keeps an object's metadata, checksums included, in its ``user.metadata`` xattr)."""
+    stored = emulator.object_file(bucket, name)
+    meta = json.loads(os.getxattr(stored, "user.metadata"))
+    os.setxattr(stored, "user.metadata", json.dumps({**meta, "Md5Hash": md5}).encode())
+    with urlopen(f"{emulator.url}/storage/v1/b/{bucket}/o/{quote(name, safe='')}") as listed:
+        assert json.load(listed)["md5Hash"] == md5
+
+
+def md5_base64(body: bytes) -> str:
+    return base64.b64encode(hashlib.md5(body).digest()).decode()
+
+
 def test_an_object_damaged_behind_its_checksum_fails_with_exit_5(
     gcs_emulator, gcs_bucket, run_initializer, tmp_path
 ):
@@ -84,6 +134,30 @@ def test_an_object_damaged_behind_its_checksum_fails_with_exit_5(
     result = run_initializer("dataset", env=gcs_env(gcs_emulator, f"gs://{gcs_bucket}/d", out))
     assert result.code == 5, result.output
     assert "checksum" in result.stderr
+    assert tree(out) == {}
+
+
+@pytest.mark.parametrize(
+    "caught_by",
+    ["md5Hash", "crc32c"],
+    ids=["bytes-changed-behind-an-unchanged-crc32c", "bytes-changed-and-md5Hash-changed-too"],
+)
+def test_an_object_tampered_behind_either_of_its_checksums_fails_with_exit_5(
+    caught_by, gcs_emulator, gcs_bucket, run_initializer, tmp_path
+):
+    body = os.urandom(100_000)
+    fill(gcs_emulator, gcs_bucket, "d", {"a.bin": body})
+    stored = gcs_emulator.object_file(gcs_bucket, "d/a.bin")
+    if caught_by == "md5Hash":
+        stored.write_bytes(same_crc32c_other_bytes(body))  # only MD5 can tell
+        assert stored.read_bytes() != body and crc32c(stored.read_bytes()) == crc32c(body)
+    else:
+        stored.write_bytes(os.urandom(100_000))
+        relist_md5(gcs_emulator, gcs_bucket, "d/a.bin", md5_base64(stored.read_bytes()))
+    out = tmp_path / "out"
+    result = run_initializer("dataset", env=gcs_env(gcs_emulator, f"gs://{gcs_bucket}/d", out))
+    assert result.code == 5, result.output
+    assert "checksum mismatch" in result.stderr
     assert tree(out) == {}
 
 

@@ -6,7 +6,11 @@ import io
 import random
 import tarfile
 import threading
+import time
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -15,6 +19,8 @@ from initializers.manifest import find_problems, read_manifest
 from initializers.unpack import unpack
 from tests.conftest import tree
 from tests.servers.files import file_server
+from tests.servers.nginx import Nginx, Request
+from tests.servers.nginx import binary as nginx_binary
 
 MIB = 1 << 20
 SECRET = "Bearer web-secret-token-5e1a"
@@ -76,6 +82,76 @@ def test_without_ranges_the_cli_fetches_whole_and_verifies_the_size(run_initiali
         assert result.code == 0, result.output
         assert tree(tmp_path / "out") == {"model.safetensors": body}
         assert len(server.gets("/model.safetensors")) == 2  # the listing, then one whole GET
+
+
+def test_a_zero_byte_file_whose_range_is_unsatisfiable_is_fetched_as_an_empty_file(
+    web, run_initializer, tmp_path
+):
+    url = web.put("/dl/empty.txt", b"")  # the listing's bytes=0-0 gets 416, bytes */0 (RFC 9110)
+    out = tmp_path / "out"
+    first = fetch(run_initializer, url, out)
+    assert first.code == 0, first.output
+    assert tree(out) == {"empty.txt": b""}
+    assert find_problems(out) == []
+    assert read_manifest(out).files["empty.txt"].size == 0
+    assert [h.get("Range") for h in web.gets("/dl/empty.txt")] == ["bytes=0-0", None]
+
+    again = fetch(run_initializer, url, out)
+    assert again.code == 0, again.output
+    assert "already complete" in again.stderr
+
+
+def test_a_presigned_s3_url_of_an_empty_object_is_fetched_as_an_empty_file(
+    bucket, run_initializer, tmp_path
+):
+    bucket.put("releases/empty.txt", b"")  # S3 (moto) answers its range: 416, no Content-Range
+    url = bucket.client.generate_presigned_url(
+        "get_object", Params={"Bucket": bucket.name, "Key": "releases/empty.txt"}
+    )
+    result = fetch(run_initializer, url, tmp_path / "out")
+    assert result.code == 0, result.output
+    assert tree(tmp_path / "out") == {"empty.txt": b""}
+
+
+@contextmanager
+def unsatisfiable_server(total: int) -> Iterator[str]:
+    """A server that answers every range with 416 ``bytes */total`` and a plain GET with
+    ``total`` bytes: a broken one, whose 416 does not mean an empty file."""
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            if "Range" in self.headers:
+                self.send_response(416)
+                self.send_header("Content-Range", f"bytes */{total}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(total))
+            self.end_headers()
+            self.wfile.write(b"x" * total)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_416_for_the_first_byte_of_a_file_that_is_not_empty_exits_5(run_initializer, tmp_path):
+    with unsatisfiable_server(total=5) as url:
+        result = fetch(run_initializer, url + "/model.safetensors", tmp_path / "out")
+    assert result.code == 5, result.output
+    assert "Traceback" not in result.output
+    assert tree(tmp_path / "out") == {}
 
 
 @pytest.mark.parametrize(
@@ -194,3 +270,132 @@ def test_a_stop_during_unpacking_leaves_no_member_under_its_final_name(tmp_path)
     with pytest.raises(Interrupted):
         unpack(archive, out, '"v1"', lambda files: files, stop)
     assert tree(out) == {}
+
+
+# -- against nginx, a real third-party server ------------------------------------------------
+
+PROBE = "bytes=0-0"
+
+
+@pytest.fixture
+def nginx(tmp_path) -> Iterator[Nginx]:
+    """A private nginx on 127.0.0.1 serving a temp folder (see tests/servers/nginx.py)."""
+    if nginx_binary() is None:
+        pytest.skip("nginx is not installed (apt install nginx); the nginx specs need it")
+    server = Nginx(tmp_path / "nginx").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_nginx_sends_a_large_file_in_parallel_ranges_each_pinned_to_its_strong_etag(
+    nginx, run_initializer, tmp_path
+):
+    body = RNG.randbytes(64 * MIB)
+    url = nginx.put("/releases/model.safetensors", body)
+    out = tmp_path / "model"
+    result = fetch(run_initializer, url, out)
+    assert result.code == 0, result.output
+    assert tree(out) == {"model.safetensors": body}
+    assert find_problems(out) == []
+    etag = nginx.etag("/releases/model.safetensors")
+    assert etag.startswith('"')  # strong: gzip is off
+    listing, *ranges = [
+        r for r in nginx.requests("/releases/model.safetensors") if r.method == "GET"
+    ]
+    assert (listing.range, listing.status, listing.if_match) == (PROBE, 206, None)
+    assert len(ranges) == 2  # 64 MiB: two 32 MiB ranges
+    assert {(r.status, r.if_match) for r in ranges} == {(206, etag)}
+    assert sum(r.body_bytes for r in ranges) == len(body)  # no byte sent twice
+
+
+def test_nginx_a_rerun_against_an_unchanged_file_only_asks_for_its_first_byte(
+    nginx, run_initializer, tmp_path
+):
+    url = nginx.put("/model.safetensors", RNG.randbytes(40 * MIB))
+    out = tmp_path / "model"
+    assert fetch(run_initializer, url, out).code == 0
+    before = len(nginx.requests())
+    again = fetch(run_initializer, url, out)
+    assert again.code == 0, again.output
+    assert "already complete" in again.stderr
+    assert nginx.requests()[before:] == [Request("GET", "/model.safetensors", 206, 1, PROBE, None)]
+
+
+def test_nginx_a_file_replaced_between_runs_is_fetched_again_whole(
+    nginx, run_initializer, tmp_path
+):
+    url = nginx.put("/model.safetensors", RNG.randbytes(40 * MIB))
+    out = tmp_path / "model"
+    assert fetch(run_initializer, url, out).code == 0
+    newer = RNG.randbytes(40 * MIB)  # the same size: only nginx's ETag tells them apart
+    nginx.put("/model.safetensors", newer)
+    before = len(nginx.requests())
+    result = fetch(run_initializer, url, out)
+    assert result.code == 0, result.output
+    assert tree(out) == {"model.safetensors": newer}
+    refetched = [r for r in nginx.requests()[before:] if r.range != PROBE]
+    assert sum(r.body_bytes for r in refetched) == len(newer)
+    assert {r.if_match for r in refetched} == {nginx.etag("/model.safetensors")}
+
+
+def test_nginx_a_file_replaced_mid_fetch_fails_with_exit_5_and_the_rerun_gets_the_new_one(
+    nginx, run_initializer, tmp_path
+):
+    path = "/slow/model.safetensors"  # 16 MiB/s a connection: 2 s for each 32 MiB range
+    url = nginx.put(path, RNG.randbytes(64 * MIB))
+    listed = nginx.etag(path)
+    newer = RNG.randbytes(64 * MIB)
+
+    def replace_while_the_first_range_streams() -> None:
+        deadline = time.monotonic() + 30
+        while not any(r.range == PROBE for r in nginx.requests(path)):
+            if time.monotonic() > deadline:
+                return
+        time.sleep(0.3)  # the first range is on its way; the second is asked for after it
+        nginx.put(path, newer)
+
+    replacer = threading.Thread(target=replace_while_the_first_range_streams)
+    replacer.start()
+    out = tmp_path / "model"
+    failed = fetch(run_initializer, url, out, "--workers", "1")  # one range at a time
+    replacer.join()
+    assert failed.code == 5, failed.output
+    assert "changed on the server" in failed.stderr
+    assert tree(out) == {}
+    assert (412, listed) in {(r.status, r.if_match) for r in nginx.requests(path)}
+
+    rerun = fetch(run_initializer, url, out)
+    assert rerun.code == 0, rerun.output
+    assert tree(out) == {"model.safetensors": newer}
+
+
+@pytest.mark.parametrize(
+    ("name", "archive"),
+    [("model.tar.gz", tar_bytes(MODEL)), ("model.zip", zip_bytes(MODEL))],
+)
+def test_nginx_serves_archives_that_are_unpacked_into_the_destination(
+    name, archive, nginx, run_initializer, tmp_path
+):
+    url = nginx.put(f"/dl/{name}", archive)
+    out = tmp_path / "model"
+    result = fetch(run_initializer, url, out)
+    assert result.code == 0, result.output
+    assert tree(out) == MODEL
+    assert find_problems(out) == []
+    assert not (out / ".initializer-archive").exists()
+
+
+def test_nginx_a_zero_byte_file_is_fetched_as_an_empty_file(nginx, run_initializer, tmp_path):
+    url = nginx.put("/dl/empty.txt", b"")
+    out = tmp_path / "out"
+    result = fetch(run_initializer, url, out)
+    assert result.code == 0, result.output
+    assert tree(out) == {"empty.txt": b""}
+    assert find_problems(out) == []
+    # nginx ignores the range of an empty file: a 200 without a body, and nothing else asked
+    assert [(r.status, r.range) for r in nginx.requests("/dl/empty.txt")] == [(200, PROBE)]
+    again = fetch(run_initializer, url, out)
+    assert again.code == 0, again.output
+    assert "already complete" in again.stderr

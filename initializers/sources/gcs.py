@@ -9,9 +9,11 @@ through :class:`_AuthRequest` on urllib3, so it needs neither ``requests`` nor i
 requests are anonymous unless a key is given.
 
 Every object's bytes are pinned to the generation listed (a replaced object fails the run with
-exit 4 or 5 rather than mixing versions) and verified against the listing's crc32c (md5Hash
-where a crc32c is missing). Objects are fetched as stored (``Accept-Encoding: gzip``), so GCS's
-decompressive transcoding cannot change the bytes the checksum covers.
+exit 4 or 5 rather than mixing versions) and verified against every checksum the listing gives
+that can be computed here: its crc32c and its md5Hash, both in the same pass (a composite
+object has no md5Hash; crc32c needs awscrt). Objects are fetched as stored
+(``Accept-Encoding: gzip``), so GCS's decompressive transcoding cannot change the bytes the
+checksums cover.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import google.auth.exceptions
 import google.auth.transport
 import urllib3
 
+from initializers import checksum as checksums
 from initializers.config import Settings
 from initializers.errors import AuthError, NotFoundError, TransientError, UsageError
 from initializers.httpstatus import status_error
@@ -179,19 +182,24 @@ def _entry(obj: Mapping[str, Any]) -> Entry:
 
 def _remote(path: str, entry: Entry) -> RemoteFile:
     obj = entry.meta
-    if obj.get("crc32c"):
-        checksum = Checksum("crc32c", obj["crc32c"])
-    elif obj.get("md5Hash"):
-        checksum = Checksum("md5-base64", obj["md5Hash"])
-    else:
-        checksum = None
     return RemoteFile(
         path=path,
         size=entry.size,
         version=str(obj.get("generation", "")) or None,
-        checksum=checksum,
+        checksum=_checksum(obj),
         locator=entry.key,
     )
+
+
+def _checksum(obj: Mapping[str, Any]) -> Checksum | None:
+    """Every digest the object carries that can be computed here, as one checksum: a mismatch
+    of any of them fails the file (a deliberate change can keep a CRC, not an MD5)."""
+    listed = [
+        (algorithm, obj[field])
+        for field, algorithm in (("crc32c", "crc32c"), ("md5Hash", "md5-base64"))
+        if obj.get(field) and checksums.is_supported(algorithm)
+    ]
+    return Checksum(*checksums.all_of(listed)) if listed else None
 
 
 def _credentials(

@@ -7,6 +7,12 @@ file is streamed whole, from its start on every attempt. The file's version is i
 (every later request carries ``If-Match``, so a file replaced mid-fetch fails with exit 5 rather
 than mixing two versions), else its ``Last-Modified`` date, else its size.
 
+An empty file has no first byte: some servers answer its range with ``416`` (GCS; S3, as moto
+models it, without a ``Content-Range``), others ignore the range and answer ``200`` with
+``Content-Length: 0`` (nginx). After a refused first byte the listing asks once more without a
+range, and lists the file only if that answer says it is empty; anything else stays the error
+it was.
+
 Extra request headers for private servers come from ``HTTP_HEADERS`` (a JSON object); their
 values are never logged, and they are dropped, as ``Authorization`` always is, when a redirect
 leads to another host. The query string of a URL (where presigned URLs keep their signature)
@@ -21,7 +27,7 @@ from typing import Self
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from initializers.config import Settings
-from initializers.errors import InitializerError, UsageError
+from initializers.errors import InitializerError, IntegrityError, UsageError
 from initializers.fsutil import UnsafePathError, safe_relpath
 from initializers.retry import RetryPolicy
 from initializers.sources.base import Listing, RemoteFile, Source
@@ -68,15 +74,27 @@ class WebSource(Source):
         return self._shown
 
     def list(self) -> Listing:
+        try:
+            headers = self._probe(ranged=True)
+        except IntegrityError as refused:
+            # A 416 (or a malformed range answer): the transport raises on the status, so the
+            # 416's Content-Range never reaches here; a plain GET says whether the file is empty.
+            headers = self._probe(ranged=False)
+            if headers.get("Content-Length") != "0" or "Content-Range" in headers:
+                raise refused from None
+        return Listing(None, [self._remote(headers)])
+
+    def _probe(self, *, ranged: bool) -> Mapping[str, str]:
+        """The response headers of a GET of the first byte (not ``ranged``: of the whole file;
+        either way no body is read)."""
         probe = self.retry.call(
             lambda: self._transport.open_range(
-                self.url, self._headers, 0, 1, self.name, private=self._headers
+                self.url, self._headers, 0, 1, self.name, whole=not ranged, private=self._headers
             ),
             self.name,
         )
         with probe:
-            headers = probe.headers
-        return Listing(None, [self._remote(headers)])
+            return probe.headers
 
     def _remote(self, headers: Mapping[str, str]) -> RemoteFile:
         content_range = headers.get("Content-Range")

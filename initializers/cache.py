@@ -12,6 +12,8 @@ Under ``CACHE_DIR``::
     entries/NAME/.initializer-cache.json  where it came from, its size, when it was last used
     entries/NAME.lock                   held while an initializer fills or links NAME, or prune
                                         removes it
+    entries/NAME.readers                held (shared) by every training that reads NAME through
+                                        its link, so prune leaves NAME alone meanwhile
     .trash/                             entries prune is deleting
 
 NAME is a readable slug of the source and 24 hex digits of the key.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import json
 import logging
@@ -87,7 +90,7 @@ class EntryInfo:
     files: int
     complete: bool
     last_used: float
-    held: bool
+    held_by: str  # "" when free, else who holds it: "an initializer" or "a training"
 
 
 class AssetCache:
@@ -122,6 +125,11 @@ class AssetCache:
         """
         entry = self.entries_dir / name
         self._ensure_real_dir(entry)
+        readers = self.entries_dir / f"{name}.readers"  # made here: trainers may mount read-only
+        try:
+            os.close(os.open(readers, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644))
+        except OSError as exc:
+            raise storage_error(exc, readers) from None
         for folder, dirs, files in os.walk(entry):
             for item in dirs + files:
                 path = Path(folder, item)
@@ -174,9 +182,6 @@ class AssetCache:
                 info = {}
         except (OSError, ValueError):
             info = {}
-        lock = FileLock(self.entries_dir / f"{entry.name}.lock")
-        held = not lock.try_acquire()
-        lock.release()
         last_used = info.get("last_used")
         return EntryInfo(
             name=entry.name,
@@ -186,8 +191,19 @@ class AssetCache:
             files=int(info.get("files", 0)),
             complete=not find_problems(entry),
             last_used=last_used if isinstance(last_used, (int, float)) else entry.stat().st_mtime,
-            held=held,
+            held_by=self._holder(entry.name),
         )
+
+    def _holder(self, name: str) -> str:
+        lock = FileLock(self.entries_dir / f"{name}.lock")
+        if not lock.try_acquire():
+            return "an initializer"
+        lock.release()
+        readers = _try_exclusive(self.entries_dir / f"{name}.readers")
+        if readers is None:
+            return "a training"
+        os.close(readers)
+        return ""
 
     def remove(self, name: str) -> bool:
         """Delete one entry unless an initializer holds it; True when it is gone.
@@ -199,14 +215,21 @@ class AssetCache:
         lock = FileLock(self.entries_dir / f"{name}.lock")
         if not lock.try_acquire():
             return False
+        readers_path = self.entries_dir / f"{name}.readers"
+        readers = _try_exclusive(readers_path)
         try:
+            if readers is None:
+                return False
             trash = self.root / TRASH
             self._ensure_real_dir(trash)
             doomed = trash / f"{name}.{os.getpid()}.{time.monotonic_ns()}"
             os.rename(self.entries_dir / name, doomed)
             lock.path.unlink(missing_ok=True)
+            readers_path.unlink(missing_ok=True)
         finally:
             lock.release()
+            if readers is not None:
+                os.close(readers)
         shutil.rmtree(doomed, ignore_errors=True)
         return True
 
@@ -225,7 +248,7 @@ def to_prune(
     chosen: list[EntryInfo] = []
     kept = sum(e.size for e in entries)
     for entry in sorted(entries, key=lambda e: e.last_used):
-        if entry.held:
+        if entry.held_by:
             continue
         too_old = older_than is not None and now - entry.last_used > older_than
         too_big = max_size is not None and kept > max_size
@@ -233,6 +256,37 @@ def to_prune(
             chosen.append(entry)
             kept -= entry.size
     return chosen
+
+
+def _try_exclusive(path: Path) -> int | None:
+    """An fd holding an exclusive flock on ``path`` (absent: created), or None when shared or
+    exclusive holders exist."""
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def hold_for_training(folder: Path) -> int | None:
+    """When ``folder`` links to a cache entry: a shared lock on the entry's readers file, on a
+    file descriptor that survives ``exec``, so prune leaves the entry alone while the training
+    (the process the launcher shim becomes) runs. None for a plain folder."""
+    if not folder.is_symlink():
+        return None
+    entry = Path(os.path.realpath(folder))
+    readers = entry.parent / f"{entry.name}.readers"
+    if entry.parent.name != ENTRIES or not readers.is_file():
+        return None
+    try:
+        fd = os.open(readers, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    fcntl.flock(fd, fcntl.LOCK_SH)  # prune holds it alone only while it moves an entry away
+    os.set_inheritable(fd, True)
+    return fd
 
 
 def disk_usage(folder: Path) -> int:

@@ -72,7 +72,7 @@ def _ago(seconds: float) -> str:
 
 
 def _state(entry: EntryInfo) -> str:
-    if entry.held:
+    if entry.held_by:
         return "in use"
     return "complete" if entry.complete else "incomplete"
 
@@ -105,7 +105,7 @@ def _prune(cache: AssetCache, args: argparse.Namespace) -> None:
         raise UsageError("say what to prune: --max-size SIZE and/or --older-than DURATION")
     cache.empty_trash()
     entries = cache.entries()
-    held = [e for e in entries if e.held]
+    held = [e for e in entries if e.held_by]
     removed = 0
     for entry in to_prune(entries, max_size, older_than, time.time()):
         if args.dry_run:
@@ -114,9 +114,9 @@ def _prune(cache: AssetCache, args: argparse.Namespace) -> None:
             print(f"removed {entry.name} ({human_bytes(entry.size)}, {entry.source})")
             removed += entry.size
         else:
-            print(f"kept {entry.name}: an initializer started using it")
+            print(f"kept {entry.name}: an initializer or a training started using it")
     for entry in held:
-        print(f"kept {entry.name}: an initializer holds it")
+        print(f"kept {entry.name}: {entry.held_by} holds it")
     if not args.dry_run:
         left = sum(e.size for e in entries) - removed
         print(f"freed {human_bytes(removed)}; {human_bytes(left)} left in {cache.root}")

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from initializers.cache import hold_for_training
 from initializers.errors import NotFoundError
 from initializers.launchers.polling import wait_until_ready
 from initializers.manifest import find_problems, read_manifest
@@ -46,6 +47,7 @@ def wait_for_assets(paths: Sequence[Path], timeout: float) -> list[Asset]:
         )
     assets = []
     for path in paths:
+        hold_for_training(path)  # a cache entry stays while the exec'd training runs
         manifest = read_manifest(path)
         if manifest is None:  # replaced between the check and now: say so rather than guess
             raise NotFoundError(f"{path} lost its initializer manifest while the shim started")

@@ -335,8 +335,8 @@ def test_a_trainer_without_the_cache_mounted_is_told_to_mount_it(tmp_path):
     assert len(problems) == 1 and "mount the cache volume" in problems[0]
 
 
-def _entry(name: str, size: int, last_used: float, held: bool = False) -> EntryInfo:
-    return EntryInfo(name, "s3://b/p", None, size, 1, True, last_used, held)
+def _entry(name: str, size: int, last_used: float, held_by: str = "") -> EntryInfo:
+    return EntryInfo(name, "s3://b/p", None, size, 1, True, last_used, held_by)
 
 
 def test_prune_takes_the_least_recently_used_first_and_stops_when_the_rest_fits():
@@ -348,7 +348,11 @@ def test_prune_takes_the_least_recently_used_first_and_stops_when_the_rest_fits(
 
 
 def test_prune_by_age_skips_held_entries():
-    entries = [_entry("idle", 5, 0), _entry("held", 5, 0, held=True), _entry("recent", 5, 990)]
+    entries = [
+        _entry("idle", 5, 0),
+        _entry("held", 5, 0, held_by="a training"),
+        _entry("recent", 5, 990),
+    ]
 
     chosen = to_prune(entries, max_size=None, older_than=100, now=1000)
 
@@ -376,3 +380,42 @@ def test_ls_shows_entries_without_secrets(bucket, run_initializer, tmp_path):
     assert row["source"] == f"s3://{bucket.name}/d" and row["state"] == "complete"
     assert env["SECRET_ACCESS_KEY"] not in listed.stdout + listed.stderr
     assert AssetCache(cache).entries()[0].files == 1
+
+
+def test_prune_leaves_an_entry_alone_while_a_training_reads_it_through_the_shim(
+    bucket, run_initializer, tmp_path
+):
+    fill(bucket, "d", {"a.txt": b"weights"})
+    cache = tmp_path / "cache"
+    model = workspace(tmp_path, 1)
+    env = s3_env(bucket, bucket.endpoint, "d", model, CACHE_DIR=str(cache))
+    assert run_initializer("dataset", env=env).code == 0
+    # What the launcher shims do: check the assets, then exec the training, which inherits
+    # the entry's shared hold.
+    training = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import os, sys; from pathlib import Path; "
+            "from initializers.launchers.assets import wait_for_assets; "
+            "wait_for_assets([Path(sys.argv[1])], 10); print('ready', flush=True); "
+            "os.execvp('sleep', ['sleep', '60'])",
+            str(model),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert training.stdout is not None and training.stdout.readline() == "ready\n"
+        time.sleep(0.2)  # the exec itself
+
+        while_training = cache_tool("--cache-dir", str(cache), "prune", "--max-size", "0")
+
+        assert "a training holds it" in while_training.stdout, while_training
+        assert (model / "a.txt").read_bytes() == b"weights"
+    finally:
+        training.kill()
+        training.wait()
+    after = cache_tool("--cache-dir", str(cache), "prune", "--max-size", "0")
+    assert "removed" in after.stdout, after
+    assert not model.exists()  # the link now leads nowhere: the entry is gone

@@ -451,6 +451,20 @@ BAD_INPUTS: list[Bad] = [
         "cannot write",
         extra={"OUTPUT_PATH": "{tmp}/a-file"},
     ),
+    Bad(
+        "`CACHE_DIR` is a regular file",
+        OK_S3,
+        6,
+        "cannot write",
+        extra={"CACHE_DIR": "{tmp}/a-file"},
+    ),
+    Bad(
+        "`CACHE_DIR` set, `OUTPUT_PATH` a folder with files in it",
+        OK_S3,
+        6,
+        "is a folder with files in it; with CACHE_DIR the output becomes a link",
+        extra={"CACHE_DIR": "{tmp}/cache", "OUTPUT_PATH": "{tmp}/full-folder"},
+    ),
 ]
 
 
@@ -530,6 +544,8 @@ def test_every_bad_input_exits_with_its_documented_code_and_one_clear_line(
     hub.add_repo("org/gated", {"config.json": b"{}"}, gated=True, access=[])
     (tmp_path / "a-file").write_text("a file, not a folder")
     (tmp_path / "empty-token").write_text("")
+    (tmp_path / "full-folder").mkdir()
+    (tmp_path / "full-folder" / "mine.txt").write_text("the user's, never touched")
     home = tmp_path / "home"
     home.mkdir()
     values = {
@@ -550,6 +566,7 @@ def test_every_bad_input_exits_with_its_documented_code_and_one_clear_line(
         )
     failures = [outcome for outcome in outcomes if outcome]
     assert failures == [], "\n\n".join(failures)
+    assert (tmp_path / "full-folder" / "mine.txt").read_text() == "the user's, never touched"
     FIGURES["bad inputs tried"] += len(BAD_INPUTS)
 
 

@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import shutil
 import threading
 import time
@@ -56,9 +57,14 @@ INFO_NAME = ".initializer-cache.json"
 _SLUG_UNSAFE = re.compile(r"[^a-z0-9.]+")
 
 
+def material_digest(material: dict[str, object]) -> str:
+    """A hex digest that changes whenever anything in ``material`` does."""
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+
+
 def entry_name(shown_source: str, material: dict[str, object]) -> str:
     """``<slug>-<24 hex>``: the slug says what it is, the digest of ``material`` which one."""
-    digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:24]
+    digest = material_digest(material)[:24]
     slug = _SLUG_UNSAFE.sub("-", shown_source.lower()).strip("-.")[:48].rstrip("-.")
     return f"{slug or 'entry'}-{digest}"
 
@@ -103,9 +109,16 @@ class AssetCache:
     # -- one entry, for an initializer ----------------------------------------------------------
 
     def lock(
-        self, name: str, stop: threading.Event, shown: str, total: int, interval: float
+        self,
+        name: str,
+        stop: threading.Event,
+        shown: str,
+        total: int,
+        interval: float,
+        shared: bool = False,
     ) -> FileLock:
-        """The entry's lock, whose wait logs what the holder has fetched so far."""
+        """The entry's lock, whose wait logs what the holder has fetched so far; ``shared`` for
+        the shards of one sharded fetch, which fill the entry together."""
         entry = self.entries_dir / name
 
         def waiting() -> str:
@@ -115,7 +128,13 @@ class AssetCache:
             )
 
         self._ensure_real_dir(self.entries_dir)
-        return FileLock(self.entries_dir / f"{name}.lock", stop, waiting=waiting, interval=interval)
+        return FileLock(
+            self.entries_dir / f"{name}.lock",
+            stop,
+            waiting=waiting,
+            interval=interval,
+            shared=shared,
+        )
 
     def prepare(self, name: str) -> Path:
         """The entry's folder, made safe to fetch into: a real folder, no symlink inside.
@@ -222,7 +241,7 @@ class AssetCache:
                 return False
             trash = self.root / TRASH
             self._ensure_real_dir(trash)
-            doomed = trash / f"{name}.{os.getpid()}.{time.monotonic_ns()}"
+            doomed = trash / f"{name}.{secrets.token_hex(6)}"
             os.rename(self.entries_dir / name, doomed)
             lock.path.unlink(missing_ok=True)
             readers_path.unlink(missing_ok=True)
@@ -316,7 +335,7 @@ def expose(entry: Path, output: Path) -> None:
             os.rmdir(output)
         elif output.exists() and not output.is_symlink():
             raise LocalStorageError(f"{output} is a file; remove it or choose another --output")
-        temporary = output.with_name(f".{output.name}.initializer-link")
+        temporary = output.with_name(f".{output.name}.initializer-link-{secrets.token_hex(6)}")
         temporary.unlink(missing_ok=True)
         os.symlink(entry, temporary)
         os.replace(temporary, output)
@@ -354,11 +373,12 @@ def fetch_through_cache(
     total: int,
     stop: threading.Event,
     interval: float,
+    shared: bool = False,
 ) -> Outcome:
     """Fill the entry ``name`` (``fill`` runs the engine into it; it does nothing when the entry
     is complete) under its lock, then link ``output`` to it, still under the lock, so prune can
     never remove an entry between its check and its link."""
-    with cache.lock(name, stop, shown, total, interval):
+    with cache.lock(name, stop, shown, total, interval, shared):
         entry = cache.prepare(name)
         log.info("cache: entry %s", entry)
         outcome = fill(entry)

@@ -14,6 +14,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from types import FrameType
 from typing import NoReturn
@@ -33,12 +34,19 @@ from initializers.config import (
     load_settings,
     termination_log_for_bad_settings,
 )
-from initializers.engine import Engine, Outcome, describe_outcome
-from initializers.errors import ExitCode, InitializerError, Interrupted, NotFoundError
+from initializers.engine import Engine, Outcome, Share, describe_outcome
+from initializers.errors import (
+    ExitCode,
+    InitializerError,
+    Interrupted,
+    NotFoundError,
+    UsageError,
+)
 from initializers.interrupts import interrupt_reads
 from initializers.logs import RedactSecrets, configure
 from initializers.retry import RetryPolicy
 from initializers.selection import select
+from initializers.shards import ShardSpec, sync_shard
 from initializers.sources import open_source
 from initializers.sources.base import Listing, RemoteFile, Source
 from initializers.unpack import archive_to_unpack, sync_archive
@@ -105,7 +113,7 @@ def _fetch(settings: Settings, stop: _StopOnSignal) -> None:
                 "as unsafe (see the warnings above); nothing to fetch — rename those objects"
             )
 
-        def engine_for(dest: Path) -> Engine:
+        def engine_for(dest: Path, share: Share | None = None) -> Engine:
             return Engine(
                 source,
                 dest,
@@ -114,19 +122,29 @@ def _fetch(settings: Settings, stop: _StopOnSignal) -> None:
                 retry=RetryPolicy(attempts=settings.retries),
                 progress_interval=settings.progress_interval,
                 stop=stop.event,
+                share=share,
             )
 
         def choose(files: list[RemoteFile]) -> list[RemoteFile]:
             return _choose(files, settings, source.describe())
 
         archive = archive_to_unpack(source, listing.files)
+        if archive is not None and settings.shards > 1:
+            raise UsageError(
+                f"{source.describe()} is one archive, which one pod unpacks: drop SHARDS"
+            )
         chosen: list[RemoteFile] = [] if archive else choose(listing.files)
+        spec = ShardSpec(settings.shards, settings.shard_index, settings.shard_run)
 
         recorded = _recorded_uri(settings.storage_uri)
 
         def fill(dest: Path) -> Outcome:
             if archive is not None:
                 return sync_archive(archive, dest, recorded, engine_for, choose, stop.event)
+            if spec.count > 1:
+                return sync_shard(
+                    partial(engine_for, dest), dest, chosen, listing.revision, recorded, spec
+                )
             return engine_for(dest).sync(chosen, recorded, listing.revision)
 
         stop.engine_running = True
@@ -177,6 +195,7 @@ def _through_cache(
         total=sum(f.size for f in chosen or listing.files),
         stop=stop,
         interval=settings.progress_interval,
+        shared=settings.shards > 1,  # the shards of one fetch fill the entry together
     )
 
 

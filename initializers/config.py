@@ -86,6 +86,9 @@ class Settings:
     azure_authority: str | None = None
     ca_bundle: str | None = None
     cache_dir: Path | None = None
+    shards: int = 1
+    shard_index: int = 0
+    shard_run: str = ""
     log_format: str = "text"
     progress_interval: float = 5.0
     timeout: float = 60.0
@@ -135,6 +138,13 @@ def _positive_int(value: str) -> int:
     number = int(value)
     if number < 1:
         raise ValueError("must be at least 1")
+    return number
+
+
+def _non_negative_int(value: str) -> int:
+    number = int(value)
+    if number < 0:
+        raise ValueError("must be 0 or more")
     return number
 
 
@@ -200,6 +210,28 @@ OPTIONS: tuple[Option, ...] = (
         "comma-separated globs on the path under --output; matches are skipped",
     ),
     Option("workers", "--workers", ("WORKERS",), "parallel requests (default 16)", _positive_int),
+    Option(
+        "shards",
+        "--shards",
+        ("SHARDS",),
+        "pods sharing this fetch (an Indexed Job's parallelism); each fetches its share of the "
+        "files into the same --output (a ReadWriteMany volume)",
+        _positive_int,
+    ),
+    Option(
+        "shard_index",
+        "--shard-index",
+        ("SHARD_INDEX", "JOB_COMPLETION_INDEX"),
+        "this pod's share, 0 to SHARDS-1 (Kubernetes sets JOB_COMPLETION_INDEX)",
+        _non_negative_int,
+    ),
+    Option(
+        "shard_run",
+        None,
+        ("SHARD_RUN",),
+        "one run of a sharded fetch (the runtimes set the Job's UID): a new run replaces the "
+        "plan an earlier, failed run left",
+    ),
     Option(
         "endpoint",
         "--endpoint",
@@ -519,6 +551,15 @@ def load_settings(
     if values["anonymous"] and (values["access_key_id"] or values["role_arn"]):
         raise UsageError("--anonymous cannot be combined with access keys or --role-arn")
 
+    shards, shard_index = values["shards"] or 1, values["shard_index"]
+    if values["shards"] and shard_index is None:
+        raise UsageError(
+            "--shards needs this pod's index: --shard-index or JOB_COMPLETION_INDEX "
+            "(Kubernetes sets it in an Indexed Job)"
+        )
+    if shards > 1 and shard_index >= shards:
+        raise UsageError(f"shard index {shard_index} is not below SHARDS={shards}")
+
     allow = values["allow_patterns"]
     ignore = values["ignore_patterns"]
     return Settings(
@@ -546,6 +587,9 @@ def load_settings(
         **{name: values[name] for name in _AZURE_FIELDS},
         ca_bundle=values["ca_bundle"],
         cache_dir=values["cache_dir"],
+        shards=shards,
+        shard_index=(shard_index or 0) if shards > 1 else 0,
+        shard_run=values["shard_run"] or "",
         log_format=values["log_format"] or "text",
         progress_interval=values["progress_interval"] or 5.0,
         timeout=values["timeout"] or 60.0,

@@ -47,7 +47,8 @@ def inside(dest: Path, target: Path) -> bool:
 
 
 class FileLock:
-    """An exclusive flock on one lock file, waited for with a progress line, ended by a stop.
+    """A flock on one lock file (exclusive unless ``shared``), waited for with a progress line,
+    ended by a stop.
 
     After the lock is taken, the file must still be the one at ``path`` (same inode): a lock file
     that was removed or replaced while we waited (the cache's prune does that) locks nothing, so
@@ -61,6 +62,7 @@ class FileLock:
         *,
         waiting: Callable[[], str] | None = None,
         interval: float = 30.0,
+        shared: bool = False,
     ) -> None:
         self.path = path
         self._fd: int | None = None
@@ -69,6 +71,7 @@ class FileLock:
             lambda: f"another initializer is working on {path.parent}; waiting for it to finish"
         )
         self._interval = interval
+        self._mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX  # shared: many holders at once
 
     def try_acquire(self) -> bool:
         """Take the lock if it is free; False when someone holds it."""
@@ -113,7 +116,7 @@ class FileLock:
         """One non-blocking attempt; on a lock file replaced meanwhile, reopen and say False."""
         assert self._fd is not None
         try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(self._fd, self._mode | fcntl.LOCK_NB)
         except BlockingIOError:
             return False
         try:

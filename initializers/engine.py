@@ -34,7 +34,7 @@ from pathlib import Path
 from initializers import checksum as checksums
 from initializers import processes
 from initializers.commits import GroupCommit, Verified
-from initializers.destination import destination_lock, inside, storage_error
+from initializers.destination import FileLock, destination_lock, inside, storage_error
 from initializers.errors import (
     InitializerError,
     IntegrityError,
@@ -49,9 +49,10 @@ from initializers.manifest import (
     Manifest,
     manifest_path,
     read_manifest,
+    read_manifest_file,
     record_is_intact,
     remove_manifest,
-    write_manifest,
+    write_manifest_file,
 )
 from initializers.progress import Progress, Reporter
 from initializers.progress import human_bytes as _gib
@@ -81,8 +82,26 @@ class Outcome:
     seconds: float = 0.0
 
 
+@dataclass(frozen=True)
+class Share:
+    """One shard's part of a destination that several initializers fill at once
+    (:mod:`initializers.shards`): its own lock, commit log and record of what it committed, in
+    the manifest's form. It never removes files nor writes the manifest: the finisher does."""
+
+    index: int
+    record: Path
+
+    @property
+    def lock_name(self) -> str:
+        return f".initializer-shard-{self.index}.lock"
+
+    @property
+    def commit_log_name(self) -> str:
+        return f".initializer-commits-shard-{self.index}.jsonl"
+
+
 class Engine:
-    """Syncs a destination folder with the files a source lists."""
+    """Syncs a destination folder with the files a source lists (or a shard's part of them)."""
 
     def __init__(
         self,
@@ -94,16 +113,19 @@ class Engine:
         label: str = "fetch",
         progress_interval: float = 5.0,
         stop: threading.Event | None = None,
+        share: Share | None = None,
     ) -> None:
         self.source = source
         self.dest = dest
+        self.share = share
+        self._record = share.record if share else manifest_path(dest)
         self.workers = workers
         self.stop = stop or threading.Event()
         # Backoff sleeps end early on SIGTERM, so a stop never waits out a long backoff.
         self.retry = replace(retry or RetryPolicy(), sleep=self.stop.wait)
         self.label = label
         self.progress_interval = progress_interval
-        self._commits = CommitLog(dest)
+        self._commits = CommitLog(dest, share.commit_log_name) if share else CommitLog(dest)
         self._group = GroupCommit(dest, self._commits)  # one per run of jobs (per process)
         self._progress = Progress(0, 0, 0)
 
@@ -112,7 +134,8 @@ class Engine:
     def sync(self, files: list[RemoteFile], source_uri: str, revision: str | None) -> Outcome:
         started = time.monotonic()
         self._make_dest()
-        with destination_lock(self.dest, self.stop):
+        lock = FileLock(self.dest / self.share.lock_name, self.stop) if self.share else None
+        with lock or destination_lock(self.dest, self.stop):
             outcome = self._sync_locked(files, source_uri, revision)
         outcome.seconds = time.monotonic() - started
         return outcome
@@ -133,8 +156,12 @@ class Engine:
     def _sync_locked(
         self, files: list[RemoteFile], source_uri: str, revision: str | None
     ) -> Outcome:
-        old = read_manifest(self.dest)
-        ours = dict(old.files) if old else {}
+        old = read_manifest_file(self._record)
+        ours: dict[str, FileRecord] = {}
+        if self.share:  # what the last complete tree holds is kept as well as the shard's own
+            complete = read_manifest(self.dest)
+            ours.update(complete.files if complete else {})
+        ours.update(old.files if old else {})
         ours.update(self._commits.load())
         kept: dict[str, FileRecord] = {}
         todo: list[RemoteFile] = []
@@ -150,7 +177,7 @@ class Engine:
             else:
                 todo.append(remote)
         listed = {f.path for f in files}
-        stale = sorted(path for path in ours if path not in listed)
+        stale = [] if self.share else sorted(path for path in ours if path not in listed)
         outcome = Outcome(files_total=len(files), bytes_total=sum(f.size for f in files))
         if (
             not todo
@@ -163,7 +190,8 @@ class Engine:
             self._commits.remove()  # left behind by a run killed just after its manifest
             return outcome
 
-        remove_manifest(self.dest)
+        remove_manifest(self.dest)  # the tree is about to change
+        self._record.unlink(missing_ok=True)
         outcome.removed = self._remove_stale(stale)
         jobs = self._plan_jobs(todo)
         outcome.bytes_resumed = sum(job.present for job in jobs)
@@ -194,9 +222,9 @@ class Engine:
             fsync_dir(self.dest / folder)
         manifest = Manifest(source=source_uri, revision=revision, files=kept)
         try:
-            write_manifest(self.dest, manifest)
+            write_manifest_file(self._record, manifest)
         except OSError as exc:
-            raise storage_error(exc, manifest_path(self.dest)) from None
+            raise storage_error(exc, self._record) from None
         self._commits.remove()
         return outcome
 

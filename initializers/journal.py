@@ -95,8 +95,8 @@ class CommitLog:
 
     NAME = ".initializer-commits.jsonl"
 
-    def __init__(self, dest: Path) -> None:
-        self.path = dest / self.NAME
+    def __init__(self, dest: Path, name: str = NAME) -> None:
+        self.path = dest / name
         self._fd: int | None = None
         self._lock = threading.Lock()
 

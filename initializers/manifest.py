@@ -66,8 +66,13 @@ def manifest_path(dest: Path) -> Path:
 
 def read_manifest(dest: Path) -> Manifest | None:
     """The manifest of ``dest``, or None when it is absent or not one we can trust."""
+    return read_manifest_file(manifest_path(dest))
+
+
+def read_manifest_file(path: Path) -> Manifest | None:
+    """A manifest (or a shard's record, which has the same form) at ``path``, or None."""
     try:
-        body = json.loads(manifest_path(dest).read_bytes())
+        body = json.loads(path.read_bytes())
         if body.get("format") != FORMAT_VERSION:
             return None
         files = {path: FileRecord(**rec) for path, rec in body["files"].items()}
@@ -78,7 +83,11 @@ def read_manifest(dest: Path) -> Manifest | None:
 
 def write_manifest(dest: Path, manifest: Manifest) -> None:
     """Write the manifest atomically; the caller has already made every file durable."""
-    atomic_write_bytes(manifest_path(dest), manifest.to_json())
+    write_manifest_file(manifest_path(dest), manifest)
+
+
+def write_manifest_file(path: Path, manifest: Manifest) -> None:
+    atomic_write_bytes(path, manifest.to_json())
 
 
 def remove_manifest(dest: Path) -> None:

@@ -26,6 +26,7 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -90,6 +91,7 @@ class Share:
 
     index: int
     record: Path
+    known: Mapping[str, FileRecord] = field(default_factory=dict)  # other runs' records
 
     @property
     def lock_name(self) -> str:
@@ -158,9 +160,10 @@ class Engine:
     ) -> Outcome:
         old = read_manifest_file(self._record)
         ours: dict[str, FileRecord] = {}
-        if self.share:  # what the last complete tree holds is kept as well as the shard's own
+        if self.share:  # what the last complete tree and earlier runs' shards committed counts
             complete = read_manifest(self.dest)
             ours.update(complete.files if complete else {})
+            ours.update(self.share.known)
         ours.update(old.files if old else {})
         ours.update(self._commits.load())
         kept: dict[str, FileRecord] = {}

@@ -111,7 +111,13 @@ def sync_shard(
         human_bytes(sum(f.size for f in files) / spec.count),
     )
     record = state / f"shard-{spec.index}-{digest[:16]}.json"
-    outcome = make_engine(Share(spec.index, record)).sync(share, source_uri, revision)
+    known = {  # what any shard of any run committed: kept when still intact and current
+        path: rec
+        for found in sorted(state.glob("shard-*.json"))
+        if (earlier := read_manifest_file(found))
+        for path, rec in earlier.files.items()
+    }
+    outcome = make_engine(Share(spec.index, record, known)).sync(share, source_uri, revision)
     _finish(dest, state, digest, files, source_uri, revision, spec)
     return outcome
 

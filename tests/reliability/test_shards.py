@@ -216,6 +216,7 @@ def test_a_new_run_replaces_the_plan_an_earlier_failed_run_left(bucket, run_init
 
     assert [r.code for r in results] == [0, 0], [r.output for r in results]
     assert "replacing the plan of an earlier run" in results[0].stderr
+    assert "fetching 1 of" in results[0].stderr + results[1].stderr  # only the changed file
     assert_identical(out, files)
     assert set(one_manifest(out)["files"]) == set(files)
 
@@ -262,3 +263,26 @@ def test_shards_stopped_by_sigterm_resume_on_restart(
 
     assert [run.finish() for run in runs] == [0, 0], [r.stderr for r in runs]
     assert_identical(out, files)
+
+
+def test_two_shards_fetch_a_hub_model_once(hub, launch, tmp_path):
+    files = dataset(99, {f"model-{i}.safetensors": (i + 1) * MIB for i in range(4)})
+    files["config.json"] = b"{}"
+    hub.add_repo("org/m", files)
+    out = tmp_path / "shared-volume"
+    env = {"STORAGE_URI": "hf://org/m", "HF_ENDPOINT": hub.endpoint, "OUTPUT_PATH": str(out)}
+    runs = [
+        launch("model", env={**env, "SHARDS": "2", "JOB_COMPLETION_INDEX": str(i)})
+        for i in range(2)
+    ]
+
+    assert [run.finish() for run in runs] == [0, 0], [r.stderr for r in runs]
+    assert_identical(out, files)
+    assert set(one_manifest(out)["files"]) == set(files)
+    for name in files:
+        served = [
+            r
+            for r in hub.requests
+            if r.method == "GET" and r.path.endswith(name) and r.status in (200, 206)
+        ]
+        assert len(served) == 1, (name, served)

@@ -116,9 +116,11 @@ class AssetCache:
         total: int,
         interval: float,
         shared: bool = False,
+        stall_limit: float = 600.0,
     ) -> FileLock:
         """The entry's lock, whose wait logs what the holder has fetched so far; ``shared`` for
-        the shards of one sharded fetch, which fill the entry together."""
+        the shards of one sharded fetch, which fill the entry together. The wait ends with
+        exit 7 when the holder's bytes on disk stand still for ``stall_limit`` seconds."""
         entry = self.entries_dir / name
 
         def waiting() -> str:
@@ -134,6 +136,7 @@ class AssetCache:
             waiting=waiting,
             interval=interval,
             shared=shared,
+            stalled=(lambda: disk_usage(entry), stall_limit),
         )
 
     def prepare(self, name: str) -> Path:
@@ -374,11 +377,12 @@ def fetch_through_cache(
     stop: threading.Event,
     interval: float,
     shared: bool = False,
+    stall_limit: float = 600.0,
 ) -> Outcome:
     """Fill the entry ``name`` (``fill`` runs the engine into it; it does nothing when the entry
     is complete) under its lock, then link ``output`` to it, still under the lock, so prune can
     never remove an entry between its check and its link."""
-    with cache.lock(name, stop, shown, total, interval, shared):
+    with cache.lock(name, stop, shown, total, interval, shared, stall_limit):
         entry = cache.prepare(name)
         log.info("cache: entry %s", entry)
         outcome = fill(entry)

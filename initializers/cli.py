@@ -196,6 +196,7 @@ def _through_cache(
         stop=stop,
         interval=settings.progress_interval,
         shared=settings.shards > 1,  # the shards of one fetch fill the entry together
+        stall_limit=10 * settings.timeout,  # a live holder retries within --timeout; 10x: stuck
     )
 
 

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from initializers.errors import Interrupted, LocalStorageError
+from initializers.errors import Interrupted, LocalStorageError, UnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,7 @@ class FileLock:
         waiting: Callable[[], str] | None = None,
         interval: float = 30.0,
         shared: bool = False,
+        stalled: tuple[Callable[[], int], float] | None = None,
     ) -> None:
         self.path = path
         self._fd: int | None = None
@@ -72,6 +73,8 @@ class FileLock:
         )
         self._interval = interval
         self._mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX  # shared: many holders at once
+        # (how far the holder has got, seconds without progress after which waiting ends)
+        self._stalled = stalled
 
     def try_acquire(self) -> bool:
         """Take the lock if it is free; False when someone holds it."""
@@ -85,10 +88,17 @@ class FileLock:
         self._open()
         next_line = 0.0
         waited = 0.0
+        watch = _ProgressWatch(*self._stalled) if self._stalled else None
         while not self._take():
             if waited >= next_line:
                 log.info("%s", self._waiting())
                 next_line = waited + self._interval
+            if watch is not None and watch.stalled(waited):
+                self.release()
+                raise UnavailableError(
+                    f"{self._waiting()}: no progress for {watch.limit:g}s, so the holder seems "
+                    "stuck (a node cut off with its lock?); rerun once it is gone"
+                )
             if self._stop.wait(0.2):
                 self.release()
                 raise Interrupted(
@@ -129,6 +139,26 @@ class FileLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._open()
         return False
+
+
+class _ProgressWatch:
+    """Whether a lock holder's progress (sampled every 2 s) stood still for ``limit`` seconds."""
+
+    def __init__(self, progress: Callable[[], int], limit: float) -> None:
+        self.progress = progress
+        self.limit = limit
+        self._last = progress()
+        self._since = 0.0
+        self._sampled = 0.0
+
+    def stalled(self, waited: float) -> bool:
+        if waited - self._sampled < 2:
+            return False
+        self._sampled = waited
+        now = self.progress()
+        if now != self._last:
+            self._last, self._since = now, waited
+        return waited - self._since >= self.limit
 
 
 def destination_lock(dest: Path, stop: threading.Event | None = None) -> FileLock:

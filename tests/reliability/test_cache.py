@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from initializers.cache import AssetCache, EntryInfo, to_prune
 from initializers.cachetool import parse_duration, parse_size
 from initializers.manifest import MANIFEST_NAME, find_problems
@@ -208,18 +210,21 @@ def test_a_caller_who_cannot_read_the_source_gets_exit_3_and_no_link_though_the_
     assert (the_entry(cache) / "config.json").exists()
 
 
-def test_two_trainjobs_on_the_hub_fetch_each_file_once(hub: HubServer, launch, tmp_path):
+@pytest.mark.parametrize("count", [2, 8])
+def test_trainjobs_started_together_on_the_hub_fetch_each_file_once(
+    count, hub: HubServer, launch, tmp_path
+):
     files = dataset(65, {"model.safetensors": 4 * MIB, "config.json": 300, "tokenizer.json": 4_000})
     hub.add_repo("org/m", files)
     cache = tmp_path / "cache"
     env = {"STORAGE_URI": "hf://org/m", "HF_ENDPOINT": hub.endpoint, "CACHE_DIR": str(cache)}
     runs = [
         launch("model", env={**env, "OUTPUT_PATH": str(tmp_path / f"job{n}" / "model")})
-        for n in (1, 2)
+        for n in range(count)
     ]
 
-    assert [r.finish() for r in runs] == [0, 0], [r.stderr for r in runs]
-    for n in (1, 2):
+    assert [r.finish() for r in runs] == [0] * count, [r.stderr for r in runs]
+    for n in range(count):
         assert_identical(tmp_path / f"job{n}" / "model", files)
     for name in files:
         served = [
@@ -228,6 +233,26 @@ def test_two_trainjobs_on_the_hub_fetch_each_file_once(hub: HubServer, launch, t
             if r.method == "GET" and r.path.endswith(name) and r.status in (200, 206)
         ]
         assert len(served) == 1, (name, served)
+
+
+def test_a_new_hub_revision_gets_its_own_entry_beside_the_old_one(
+    hub: HubServer, run_initializer, tmp_path
+):
+    hub.add_repo(
+        "org/m",
+        revisions={"main": {"config.json": b'{"v": 2}'}, "v1": {"config.json": b'{"v": 1}'}},
+    )
+    cache = tmp_path / "cache"
+    env = {"HF_ENDPOINT": hub.endpoint, "CACHE_DIR": str(cache)}
+    for n, uri in ((1, "hf://org/m@v1"), (2, "hf://org/m")):
+        done = run_initializer(
+            "model", env={**env, "STORAGE_URI": uri, "OUTPUT_PATH": str(workspace(tmp_path, n))}
+        )
+        assert done.code == 0, done.output
+
+    assert len([p for p in (cache / "entries").iterdir() if p.is_dir()]) == 2
+    assert (workspace(tmp_path, 1) / "config.json").read_bytes() == b'{"v": 1}'
+    assert (workspace(tmp_path, 2) / "config.json").read_bytes() == b'{"v": 2}'
 
 
 def test_prune_never_removes_an_entry_an_initializer_holds(
@@ -419,3 +444,31 @@ def test_prune_leaves_an_entry_alone_while_a_training_reads_it_through_the_shim(
     after = cache_tool("--cache-dir", str(cache), "prune", "--max-size", "0")
     assert "removed" in after.stdout, after
     assert not model.exists()  # the link now leads nowhere: the entry is gone
+
+
+def test_a_waiter_gives_up_with_exit_7_when_the_holder_makes_no_progress(
+    bucket, s3_endpoint, proxies, launch, tmp_path
+):
+    files = dataset(69, {"a.bin": 2 * MIB})
+    fill(bucket, "d", files)
+    proxy = proxies(s3_endpoint)
+    cache = tmp_path / "cache"
+    proxy.hold(is_object_get)  # the holder's GETs go nowhere: a stuck holder
+    holder = launch(
+        "dataset", env=s3_env(bucket, proxy.url, "d", workspace(tmp_path, 1), CACHE_DIR=str(cache))
+    )
+    proxy.wait_parked(1)
+    # --timeout 0.5: the waiter's bound is ten times that without progress.
+    waiter = launch(
+        "dataset",
+        env=s3_env(
+            bucket, proxy.url, "d", workspace(tmp_path, 2), CACHE_DIR=str(cache), TIMEOUT="0.5"
+        ),
+    )
+
+    assert waiter.finish(timeout=60) == 7, waiter.stderr
+    assert "no progress for 5s" in waiter.stderr
+    assert not workspace(tmp_path, 2).exists()
+    proxy.release()
+    assert holder.finish() == 0, holder.stderr
+    assert_identical(workspace(tmp_path, 1), files)

@@ -306,7 +306,12 @@ def hold_for_training(folder: Path) -> int | None:
         fd = os.open(readers, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
         return None
-    fcntl.flock(fd, fcntl.LOCK_SH)  # prune holds it alone only while it moves an entry away
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)  # prune holds it alone only while it moves an entry away
+    except OSError as exc:  # a filesystem without locks: hold nothing, say so
+        log.warning("cannot hold %s (%s): prune may remove it meanwhile", entry, exc.strerror)
+        os.close(fd)
+        return None
     os.set_inheritable(fd, True)
     return fd
 

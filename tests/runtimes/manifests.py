@@ -16,6 +16,11 @@ import yaml
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RUNTIMES_DIR = REPO_ROOT / "runtimes"
 EXAMPLES_DIR = RUNTIMES_DIR / "examples"
+ASSET_CACHE_DIR = RUNTIMES_DIR / "components" / "asset-cache"
+# The asset-cache component's names (runtimes/components/asset-cache): the volume and claim it
+# adds to every pod, and where every container mounts it.
+CACHE_VOLUME = "initializer-cache"
+CACHE_MOUNT = "/cache"
 
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
 FRAMEWORK_LABEL = "trainer.kubeflow.org/framework"
@@ -42,6 +47,26 @@ def runtime_files() -> list[Path]:
 
 def example_files() -> list[Path]:
     return sorted(EXAMPLES_DIR.glob("*.yaml"))
+
+
+def asset_cache_object_files() -> list[Path]:
+    """The Kubernetes objects a namespace applies beside the asset-cache component (its claim
+    and the prune CronJob); the component's own kustomization and patches are not objects."""
+    return [ASSET_CACHE_DIR / "pvc.yaml", ASSET_CACHE_DIR / "prune-cronjob.yaml"]
+
+
+def asset_cache_object(kind: str) -> Obj:
+    for path in asset_cache_object_files():
+        for doc in load_documents(path):
+            if doc["kind"] == kind:
+                return doc
+    raise KeyError(f"no {kind} in {ASSET_CACHE_DIR}")
+
+
+def cron_job_as_replicated_job(cron_job: Obj) -> Obj:
+    """A CronJob's Job template in the shape of a ReplicatedJob, so :func:`pod_spec` and
+    :func:`containers` read it too (both hold a Job template at ``template``)."""
+    return {"name": cron_job["metadata"]["name"], "template": cron_job["spec"]["jobTemplate"]}
 
 
 def runtimes() -> list[Obj]:

@@ -18,6 +18,8 @@ MODELS: dict[str, type] = {
     "TrainJob": models.TrainerV1alpha1TrainJob,
     "Secret": models.IoK8sApiCoreV1Secret,
     "ServiceAccount": models.IoK8sApiCoreV1ServiceAccount,
+    "PersistentVolumeClaim": models.IoK8sApiCoreV1PersistentVolumeClaim,
+    "CronJob": models.IoK8sApiBatchV1CronJob,
 }
 API_VERSIONS = {
     "ClusterTrainingRuntime": "trainer.kubeflow.org/v1alpha1",
@@ -25,6 +27,8 @@ API_VERSIONS = {
     "TrainJob": "trainer.kubeflow.org/v1alpha1",
     "Secret": "v1",
     "ServiceAccount": "v1",
+    "PersistentVolumeClaim": "v1",
+    "CronJob": "batch/v1",
 }
 
 

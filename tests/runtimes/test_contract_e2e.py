@@ -8,7 +8,9 @@ env read under /workspace is there, complete according to the initializer manife
 
 The only change made to an example is the one a user makes for a private mirror: endpoint env
 upserted into its initializers (ENDPOINT for S3, HF_ENDPOINT for the Hub), and the example
-Secrets' placeholder values replaced by the local servers' credentials.
+Secrets' placeholder values replaced by the local servers' credentials. Each example runs on its
+runtime as installed and with the asset-cache component (runtimes/components/asset-cache), whose
+claim is one more folder shared by every pod.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from tests.servers.hub import HubServer
 Obj = dict[str, Any]
 STEPS = manifests.INITIALIZER_STEPS
 EXAMPLES = manifests.example_files()
+VARIANTS = ("plain", "asset-cache")
 TEST_HF_TOKEN = "hf_runtime_contract_token"
 TEST_SECRETS = {
     "ACCESS_KEY_ID": "AKIARUNTIMECONTRACT0",
@@ -173,11 +176,27 @@ def _storage_uri(runtime: Obj, step: str, train_job: Obj, secrets: dict) -> str:
     return controller.resolve_env(container, secrets).get("STORAGE_URI", "")
 
 
-def rendered_runtime(name: str) -> Obj:
-    for doc in render.render_subset(manifests.RUNTIMES_DIR):
+def rendered_runtime(name: str, variant: str = "plain") -> Obj:
+    docs = (
+        render.render_subset(manifests.RUNTIMES_DIR)
+        if variant == "plain"
+        else render.with_component(manifests.ASSET_CACHE_DIR)
+    )
+    for doc in docs:
         if doc["metadata"]["name"] == name:
             return doc
     raise KeyError(name)
+
+
+def claims(runtime: Obj, root: Path) -> dict[str, Path]:
+    """Volume name → host folder, for the TrainJob's volume (``root/pvc``) and each claim the
+    runtime's pods mount (``root/claims/<claim>``), every one shared by all the pods."""
+    shared = {"initializer": root / "pvc"}
+    for rjob in manifests.replicated_jobs(runtime):
+        for volume in manifests.pod_spec(rjob).get("volumes", []):
+            if claim := volume.get("persistentVolumeClaim"):
+                shared[volume["name"]] = root / "claims" / claim["claimName"]
+    return shared
 
 
 def start_step(
@@ -190,7 +209,7 @@ def start_step(
 
 def run_initializers(runtime: Obj, train_job: Obj, secrets: dict, root: Path) -> dict:
     """Both initializer containers, started together as JobSet does; step → Finished."""
-    shared = {"initializer": root / "pvc"}
+    shared = claims(runtime, root)
     running = {}
     for step in STEPS:
         container = controller.initializer_container(runtime, step, train_job)
@@ -220,9 +239,11 @@ def asset_root(path: str) -> str:
     return "/".join(path.split("/")[:3])  # /workspace/<asset>
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("example", EXAMPLES, ids=[_example_id(p) for p in EXAMPLES])
 def test_example_trainjob_gets_its_assets_where_its_trainer_reads_them(
     example: Path,
+    variant: str,
     tmp_path: Path,
     hub: HubServer,
     s3: Any,
@@ -230,7 +251,7 @@ def test_example_trainjob_gets_its_assets_where_its_trainer_reads_them(
     request: pytest.FixtureRequest,
 ):
     train_job, secrets = load_example(example)
-    runtime = rendered_runtime(train_job["spec"]["runtimeRef"]["name"])
+    runtime = rendered_runtime(train_job["spec"]["runtimeRef"]["name"], variant)
 
     def cloud(scheme: str) -> Any:
         return request.getfixturevalue({"gs": "gcs_emulator", "az": "azurite"}[scheme])
@@ -256,6 +277,11 @@ def test_example_trainjob_gets_its_assets_where_its_trainer_reads_them(
         print(f"{example.stem} {step}: peak RSS {finished.max_rss_bytes} B")
 
     pvc = tmp_path / "pvc"
+    if variant == "asset-cache":  # the outputs are links into the shared claim's entries
+        entries = claims(runtime, tmp_path)[manifests.CACHE_VOLUME] / "entries"
+        for output in ("model", "dataset"):
+            assert (pvc / output).is_symlink(), f"{output} was not fetched through the cache"
+            assert (pvc / output).resolve().parent == entries.resolve()
     trainers = controller.trainer_containers(runtime, train_job)
     assert trainers, "the runtime has no trainer container"
     for _, trainer in trainers:
@@ -285,7 +311,7 @@ def check_torch_shim_accepts_the_assets(
     required = [p for p in env.get("KF_REQUIRE_ASSETS", "").split(",") if p]
     assert required, "the trainer requires no assets"
     env["KF_TORCHRUN"] = "/bin/echo"
-    running = pods.start(trainer, env, root / "trainer", {"initializer": root / "pvc"})
+    running = pods.start(trainer, env, root / "trainer", claims(runtime, root))
     finished = running.wait()
     assert finished.code == 0, f"kf-torchrun refused to start:\n{finished.output}"
     for path in required:

@@ -1,6 +1,7 @@
 """The Kubeflow Trainer controller's rules hold for every runtime (../shared/reference/
 kubeflow-contract.md): names and labels it looks for, the shared volume, ordering, MPI wiring,
-and the resource and security settings the initializers need."""
+and the resource and security settings the initializers need. Every runtime is checked as
+installed and with the asset-cache component applied (runtimes/components/asset-cache)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,21 @@ from typing import Any
 
 import pytest
 
-from tests.runtimes import controller, manifests
+from tests.runtimes import controller, manifests, render
 
-RUNTIMES = manifests.runtimes()
-IDS = [runtime["metadata"]["name"] for runtime in RUNTIMES]
+PLAIN = manifests.runtimes()
+WITH_ASSET_CACHE = render.with_component(manifests.ASSET_CACHE_DIR)
+RUNTIMES = [*PLAIN, *WITH_ASSET_CACHE]
 MPI_RUNTIMES = [r for r in RUNTIMES if "mpi" in r["spec"]["mlPolicy"]]
 TORCH_RUNTIMES = [r for r in RUNTIMES if "torch" in r["spec"]["mlPolicy"]]
+
+
+def _ids(runtimes: list[dict[str, Any]]) -> list[str]:
+    cached = {id(r) for r in WITH_ASSET_CACHE}
+    return [r["metadata"]["name"] + ("+asset-cache" if id(r) in cached else "") for r in runtimes]
+
+
+IDS = _ids(RUNTIMES)
 OUTPUT_PATHS = {
     "dataset-initializer": "/workspace/dataset",
     "model-initializer": "/workspace/model",
@@ -22,9 +32,7 @@ OUTPUT_PATHS = {
 MEMORY_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "": 1}
 
 per_runtime = pytest.mark.parametrize("runtime", RUNTIMES, ids=IDS)
-per_mpi_runtime = pytest.mark.parametrize(
-    "runtime", MPI_RUNTIMES, ids=[r["metadata"]["name"] for r in MPI_RUNTIMES]
-)
+per_mpi_runtime = pytest.mark.parametrize("runtime", MPI_RUNTIMES, ids=_ids(MPI_RUNTIMES))
 per_step = pytest.mark.parametrize("step", manifests.INITIALIZER_STEPS)
 
 
@@ -147,9 +155,7 @@ def test_mpi_launcher_launches_through_kf_mpirun():
     assert container.get("args")
 
 
-@pytest.mark.parametrize(
-    "runtime", TORCH_RUNTIMES, ids=[r["metadata"]["name"] for r in TORCH_RUNTIMES]
-)
+@pytest.mark.parametrize("runtime", TORCH_RUNTIMES, ids=_ids(TORCH_RUNTIMES))
 def test_a_trainjob_that_sets_only_args_keeps_the_runtime_command(runtime):
     train_job = {"spec": {"trainer": {"args": ["train.py", "--epochs=1"]}}}
     [(_, trainer)] = controller.trainer_containers(runtime, train_job)

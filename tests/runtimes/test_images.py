@@ -36,10 +36,15 @@ PENDING_IMAGES = {
 }
 
 RENDERED = render.render_subset(manifests.RUNTIMES_DIR)
+PRUNE = manifests.asset_cache_object("CronJob")  # the asset store's prune job runs our image too
 CONTAINERS = [
     (runtime, rjob, container)
     for runtime in RENDERED
     for rjob, container in manifests.all_containers(runtime)
+] + [
+    (PRUNE, job, container)
+    for job in [manifests.cron_job_as_replicated_job(PRUNE)]
+    for container in manifests.containers(job)
 ]
 IDS = [f"{r['metadata']['name']}/{j['name']}/{c['name']}" for r, j, c in CONTAINERS]
 per_container = pytest.mark.parametrize(("runtime", "rjob", "container"), CONTAINERS, ids=IDS)

@@ -90,10 +90,40 @@ def test_an_admin_moves_every_image_to_a_mirror_by_editing_only_the_images_secti
     assert all(i.endswith(":9.9.9") for i in images)
 
 
-def test_subset_renderer_refuses_kustomize_features_it_does_not_implement(tmp_path: Path):
-    (tmp_path / "kustomization.yaml").write_text("resources: []\npatches: []\n")
-    with pytest.raises(ValueError, match="patches"):
+@pytest.mark.parametrize(
+    ("kustomization", "refused"),
+    [
+        ("configMapGenerator: []", "configMapGenerator"),
+        ("patches: [{target: {kind: A}, patch: 'metadata: {name: x}'}]", "only JSON 6902"),
+        ("patches: [{target: {labelSelector: a=b}, patch: '[]'}]", "labelSelector"),
+        ("patches: [{target: {kind: A}, patch: '[{op: move, from: /a, path: /b}]'}]", "move"),
+    ],
+    ids=["generator", "strategic-merge-patch", "label-selector", "move-op"],
+)
+def test_subset_renderer_refuses_kustomize_features_it_does_not_implement(
+    tmp_path: Path, kustomization: str, refused: str
+):
+    (tmp_path / "thing.yaml").write_text("apiVersion: v1\nkind: A\nmetadata: {name: a}\n")
+    (tmp_path / "kustomization.yaml").write_text(f"resources: [thing.yaml]\n{kustomization}\n")
+    with pytest.raises(ValueError, match=refused):
         render.render_subset(tmp_path)
+
+
+def test_json_6902_operations_and_targets_act_as_kustomize_applies_them():
+    doc = {"apiVersion": "g.io/v1", "kind": "B", "metadata": {"name": "n"},
+           "spec": {"items": ["a", "c"], "drop": 1, "x/y": 0}}  # fmt: skip
+    assert render.matches({"group": "g.io", "kind": "A|B", "name": "n"}, doc)
+    assert not render.matches({"kind": "B"}, {**doc, "kind": "BB"}), "anchored, as kustomize"
+    render.apply_json6902(doc, [
+        {"op": "test", "path": "/metadata/name", "value": "n"},
+        {"op": "add", "path": "/spec/items/1", "value": "b"},
+        {"op": "add", "path": "/spec/items/-", "value": "d"},
+        {"op": "replace", "path": "/spec/x~1y", "value": 1},
+        {"op": "remove", "path": "/spec/drop"},
+    ])  # fmt: skip
+    assert doc["spec"] == {"items": ["a", "b", "c", "d"], "x/y": 1}
+    with pytest.raises(ValueError, match="testing value /spec/items/0 failed"):
+        render.apply_json6902(doc, [{"op": "test", "path": "/spec/items/0", "value": "z"}])
 
 
 @pytest.mark.parametrize(

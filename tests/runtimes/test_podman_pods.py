@@ -5,28 +5,36 @@ Each container spec (args, env after the controller's merge, securityContext, vo
 ``--group-add`` and a volume owned by that group (setgid, 2775), ``readOnlyRootFilesystem`` →
 ``--read-only`` with no tmpfs of podman's own, ``allowPrivilegeEscalation: false`` →
 ``no-new-privileges``, dropped capabilities → ``--cap-drop``; emptyDirs are 0777 host folders.
-This proves the securityContext the runtimes declare works with the images as built.
+This proves the securityContext the runtimes declare works with the images as built. A claim
+(``persistentVolumeClaim``) is a host folder the test hands in, shared by the pods that mount it,
+and a ``readOnly`` mount is mounted ``:ro``.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
+import threading
+import time
 import tomllib
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from urllib.parse import parse_qs, urlsplit
 
 import boto3
 import pytest
 
-from tests.podman import podman
+from tests.podman import podman, podman_env
 from tests.runtimes import controller, manifests, render
+from tests.servers.hub import HubServer, RequestRecord
 
 pytestmark = pytest.mark.images
 
 LOCAL_PREFIX = "localhost/kf-initializers/"
 OUR_PREFIX = "ghcr.io/kubeflow-initializers/"
 TRAINER_UID = 1000  # the trainer images' user, in the runtimes' fsGroup
+WAITING = "waiting for another initializer fetching"
 
 
 def _podman(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -73,7 +81,8 @@ def podman_argv(container: dict, pod: dict, env: dict[str, str], volumes: dict[s
     for capability in (context.get("capabilities") or {}).get("drop", []):
         argv += ["--cap-drop", capability]
     for mount in container.get("volumeMounts", []):
-        argv += ["-v", f"{volumes[mount['name']]}:{mount['mountPath']}"]
+        read_only = ":ro" if mount.get("readOnly") else ""
+        argv += ["-v", f"{volumes[mount['name']]}:{mount['mountPath']}{read_only}"]
     for key, value in env.items():
         argv += ["-e", f"{key}={value}"]
     if container.get("command"):
@@ -91,20 +100,37 @@ def fs_group_volume(path: Path, group: int) -> Path:
     return path
 
 
-def run_pod(runtime: dict, step: str, train_job: dict, secrets: dict, root: Path,
-            images: dict[str, str]) -> subprocess.CompletedProcess:  # fmt: skip
-    rjob = manifests.step_job(runtime, step)
-    container = controller.initializer_container(runtime, step, train_job)
-    env = controller.resolve_env(container, secrets)
-    pod = manifests.pod_spec(rjob)
-    volumes = {"initializer": root / "pvc"}
+def pod_volumes(pod: dict, scratch: Path, shared: dict[str, Path]) -> dict[str, Path]:
+    """Volume name → host folder: ``shared`` (the TrainJob's ``initializer`` volume, the claims
+    the test hands in) and a fresh 0777 folder under ``scratch`` for each emptyDir."""
+    volumes = dict(shared)
     for volume in pod.get("volumes", []):
-        assert "emptyDir" in volume, f"only emptyDir volumes are modelled, not {volume}"
-        volumes[volume["name"]] = root / step / volume["name"]
+        if "persistentVolumeClaim" in volume:
+            assert volume["name"] in shared, f"the test hands in no folder for {volume}"
+            continue
+        assert "emptyDir" in volume, f"only emptyDir and claim volumes are modelled: {volume}"
+        volumes[volume["name"]] = scratch / volume["name"]
         volumes[volume["name"]].mkdir(parents=True)
         volumes[volume["name"]].chmod(0o777)
+    return volumes
+
+
+def initializer_argv(runtime: dict, step: str, train_job: dict, secrets: dict, root: Path,
+                     images: dict[str, str], claims: dict[str, Path] | None = None,
+                     name: str = "") -> list[str]:  # fmt: skip
+    """``podman run`` for the ``step`` initializer pod of ``train_job``, whose TrainJob volume
+    is ``root/pvc``; ``claims`` maps the claim volumes it mounts to host folders."""
+    container = controller.initializer_container(runtime, step, train_job)
+    env = controller.resolve_env(container, secrets)
+    pod = manifests.pod_spec(manifests.step_job(runtime, step))
+    volumes = pod_volumes(pod, root / step, {"initializer": root / "pvc", **(claims or {})})
     image = images[render.split_image(container["image"])[0]]
-    argv = podman_argv(container, pod, env, volumes, image, f"kf-rt-{step}-{os.getpid()}")
+    return podman_argv(container, pod, env, volumes, image, name or f"kf-rt-{step}-{os.getpid()}")
+
+
+def run_pod(runtime: dict, step: str, train_job: dict, secrets: dict, root: Path,
+            images: dict[str, str]) -> subprocess.CompletedProcess:  # fmt: skip
+    argv = initializer_argv(runtime, step, train_job, secrets, root, images)
     return _podman(*argv, timeout=300)
 
 
@@ -174,3 +200,137 @@ def test_initializer_with_no_storage_uri_completes_on_a_read_only_root(
         assert result.returncode == 0, result.stderr
         assert "no storageUri given, nothing to fetch" in result.stdout
     assert not any((tmp_path / "pvc").iterdir())
+
+
+def _served(hub: HubServer, name: str) -> list[RequestRecord]:
+    """GETs that sent the file ``name``'s bytes: from the Hub's resolve URL or, for an LFS file
+    it redirected, from the CDN (which names the file in its signed URL's query)."""
+    found = []
+    for record in hub.requests:
+        url = urlsplit(record.path)
+        named = url.path.endswith(f"/{name}") or parse_qs(url.query).get("name") == [name]
+        if record.method == "GET" and record.status in (200, 206) and named:
+            found.append(record)
+    return found
+
+
+def test_two_trainjobs_sharing_one_cache_claim_fetch_each_file_once_and_link_one_entry(
+    tmp_path: Path, local_images: dict[str, str], hub: HubServer
+):
+    """Two TrainJobs of one namespace on torch-distributed with the asset-cache component: their
+    model initializer pods (a workspace volume each, one cache claim at /cache) start together;
+    the one that arrives second waits while the first fetches, the Hub sends each file once, and
+    both workspaces link one entry. A trainer pod mounting its workspace and the cache as the
+    runtime declares passes kf-torchrun's asset check and cannot write into the entry; without
+    the cache mounted it is told to mount it. The prune CronJob then runs on the claim."""
+    runtime = next(
+        doc for doc in render.with_component(manifests.ASSET_CACHE_DIR)
+        if doc["metadata"]["name"] == "torch-distributed"
+    )  # fmt: skip
+    files = {
+        "config.json": b'{"hidden_size": 16}',
+        "tokenizer.json": b'{"model": {"type": "BPE"}}',
+        "model.safetensors": os.urandom(2 << 20),
+    }
+    hub.add_repo("org/shared-model", files)
+    released = threading.Event()
+
+    def park_file_bytes(record: RequestRecord) -> None:  # listings and HEADs go through
+        if record.method == "GET" and not record.path.startswith("/api/"):
+            released.wait(45)  # below the initializers' 60 s stall timeout: never retried
+
+    hub.fault = park_file_bytes
+    fs_group = manifests.pod_spec(manifests.step_job(runtime, "model-initializer"))[
+        "securityContext"
+    ]["fsGroup"]
+    cache = fs_group_volume(tmp_path / "cache", fs_group)
+    claims = {manifests.CACHE_VOLUME: cache}
+    train_job = {"metadata": {"name": "sweep"}, "spec": {
+        "initializer": {"model": {
+            "storageUri": "hf://org/shared-model",
+            "env": [{"name": "HF_ENDPOINT", "value": hub.endpoint}],
+        }},
+        "trainer": {"args": ["train.py"], "env": [
+            {"name": "KF_REQUIRE_ASSETS", "value": "/workspace/model"},
+            {"name": "KF_WAIT_TIMEOUT", "value": "0"},
+        ]},
+    }}  # fmt: skip
+    jobs = [tmp_path / f"trainjob-{n}" for n in (1, 2)]
+    running = []
+    for n, job in enumerate(jobs, 1):
+        fs_group_volume(job / "pvc", fs_group)
+        argv = initializer_argv(
+            runtime, "model-initializer", train_job, {}, job, local_images, claims,
+            name=f"kf-rt-cache-{n}-{os.getpid()}",
+        )  # fmt: skip
+        with (job / "log").open("wb") as log:
+            process = subprocess.Popen(
+                ["podman", *argv], env=podman_env(), stdin=subprocess.DEVNULL,
+                stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        running.append(process)
+    try:
+        deadline = time.monotonic() + 40
+        while not any(WAITING in (job / "log").read_text() for job in jobs):
+            alive = all(process.poll() is None for process in running)
+            assert alive and time.monotonic() < deadline, [(j / "log").read_text() for j in jobs]
+            time.sleep(0.1)
+    finally:
+        released.set()
+    codes = [process.wait(timeout=300) for process in running]
+    logs = [(job / "log").read_text() for job in jobs]
+    assert codes == [0, 0], logs
+
+    for name in files:
+        assert len(_served(hub, name)) == 1, (name, _served(hub, name))
+    links = {os.readlink(job / "pvc" / "model") for job in jobs}
+    [link] = links  # one entry for both, by its path inside the pods
+    assert PurePosixPath(link).parent == PurePosixPath(manifests.CACHE_MOUNT) / "entries"
+    entry = cache / "entries" / PurePosixPath(link).name
+    assert {name: (entry / name).read_bytes() for name in files} == files
+
+    [(rjob, trainer)] = controller.trainer_containers(runtime, train_job)
+    pod = manifests.pod_spec(rjob)
+    env = {
+        **controller.resolve_env(trainer, {}),
+        **controller.torch_env(runtime, train_job),
+        "KF_TORCHRUN": "/bin/echo",  # torchrun's argv is printed: the check is the point
+    }
+    # The model initializer image carries kf-torchrun too; the torch-runtime image adds PyTorch.
+    image = local_images[f"{OUR_PREFIX}model-initializer"]
+    volumes = pod_volumes(pod, jobs[0] / "trainer", {"initializer": jobs[0] / "pvc", **claims})
+
+    def trainer_run(container: dict, suffix: str) -> subprocess.CompletedProcess:
+        name = f"kf-rt-trainer-{suffix}-{os.getpid()}"
+        return _podman(*podman_argv(container, pod, env, volumes, image, name), timeout=120)
+
+    checked = trainer_run(trainer, "shim")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert re.search(r"asset\s+/workspace/model:", checked.stdout + checked.stderr)
+    writer = {**trainer, "command": ["sh"], "args": ["-c", (
+        "cat /workspace/model/model.safetensors >/dev/null && mkdir /workspace/output && "
+        "touch /workspace/model/new 2>&1 | grep 'Read-only file system'"
+    )]}  # fmt: skip
+    wrote = trainer_run(writer, "writer")
+    assert wrote.returncode == 0, f"reads the entry, cannot write it: {wrote.stdout}{wrote.stderr}"
+    blind = {**trainer, "volumeMounts": [
+        m for m in trainer["volumeMounts"] if m["name"] != manifests.CACHE_VOLUME
+    ]}  # fmt: skip
+    refused = trainer_run(blind, "blind")
+    assert refused.returncode == 4, refused.stdout + refused.stderr
+    assert "mount the cache volume" in refused.stdout + refused.stderr
+
+    cron = manifests.asset_cache_object("CronJob")
+    job = manifests.cron_job_as_replicated_job(cron)
+    [prune] = manifests.containers(job)
+    prune_pod = manifests.pod_spec(job)
+    pruned = _podman(
+        *podman_argv(
+            prune, prune_pod, controller.resolve_env(prune, {}),
+            pod_volumes(prune_pod, tmp_path / "prune", claims),
+            local_images[render.split_image(prune["image"])[0]], f"kf-rt-prune-{os.getpid()}",
+        ),
+        timeout=120,
+    )  # fmt: skip
+    assert pruned.returncode == 0, pruned.stdout + pruned.stderr
+    assert entry.is_dir() and entry.name in pruned.stdout, "a young entry is kept and listed"

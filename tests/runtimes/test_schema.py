@@ -9,9 +9,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.runtimes import manifests, schema
+from tests.runtimes import manifests, render, schema
 
-ALL_FILES = [*manifests.runtime_files(), *manifests.example_files()]
+ALL_FILES = [
+    *manifests.runtime_files(),
+    *manifests.example_files(),
+    *manifests.asset_cache_object_files(),
+]
+WITH_ASSET_CACHE = render.with_component(manifests.ASSET_CACHE_DIR)
 
 
 def _ids(paths: list[Path]) -> list[str]:
@@ -28,6 +33,14 @@ def test_every_document_round_trips_through_the_published_api_models_unchanged(p
         assert doc["apiVersion"] == schema.API_VERSIONS[kind], f"{path}: apiVersion of {kind}"
         problems = schema.round_trip_differences(doc)
         assert not problems, f"{path} ({kind} {doc['metadata']['name']}):\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize(
+    "runtime", WITH_ASSET_CACHE, ids=[r["metadata"]["name"] for r in WITH_ASSET_CACHE]
+)
+def test_every_runtime_with_the_asset_cache_component_round_trips_unchanged(runtime):
+    problems = schema.round_trip_differences(runtime)
+    assert not problems, f"{runtime['metadata']['name']} + asset-cache:\n" + "\n".join(problems)
 
 
 def test_kustomization_installs_every_runtime_file_and_nothing_else():

@@ -24,8 +24,8 @@ HUB_REPOS = {"model": ("bench/model", "model"), "dataset": ("bench/dataset", "da
 
 @dataclass(frozen=True)
 class Task:
-    """What to fetch: from which endpoint ("s3" or "hf"), which asset, first run or a rerun, and
-    whether from the delayed endpoints (the latency scenarios)."""
+    """What to fetch: from which endpoint ("s3", "hf", or the emulators' "gcs" and "az"), which
+    asset, first run or a rerun, and whether from the delayed endpoints (the latency scenarios)."""
 
     source: str
     asset: str
@@ -35,7 +35,8 @@ class Task:
 
 @dataclass
 class Context:
-    """Where everything is: fixture, endpoints, venvs, a scratch folder for this run."""
+    """Where everything is: fixture, endpoints, venvs, a scratch folder for this run; the
+    emulators' addresses once they are up (:mod:`benchmarks.cloudemulators`)."""
 
     fixture: Fixture
     s3_url: str
@@ -44,6 +45,17 @@ class Context:
     kserve_venv: Path
     scratch: Path
     ours_src: Path | None = None  # a frozen copy of the package, so one session measures one code
+    gcs_url: str = ""  # fake-gcs-server, as STORAGE_EMULATOR_HOST
+    az_connection_string: str = ""  # Azurite, as AZURE_STORAGE_CONNECTION_STRING
+
+    def cloud_env(self, source: str) -> dict[str, str]:
+        """What points a client at the gs:// or az:// emulator: the variables both SDKs and ours
+        read (Google's emulator convention; Azure's connection string, naming the endpoint)."""
+        if source == "gcs":
+            return {"STORAGE_EMULATOR_HOST": self.gcs_url}
+        if source == "az":
+            return {"AZURE_STORAGE_CONNECTION_STRING": self.az_connection_string}
+        return {}
 
     def base_env(self) -> dict[str, str]:
         home = self.scratch / "home"
@@ -95,13 +107,16 @@ class Contender:
 
 class Ours(Contender):
     name, label = "ours", "kf-initializers (this project)"
-    sources = ("s3", "hf")
+    sources = ("s3", "hf", "gcs", "az")
     skips_complete = resumes_partial = True
 
     def command(self, ctx: Context, task: Task, dest: Path) -> Invocation:
         program = ctx.venv / "bin" / f"{task.asset}-initializer"
         if task.source == "s3":
             uri, extra = f"s3://{BUCKET}/{task.asset}", ["--endpoint", ctx.s3_url]
+        elif task.source in ("gcs", "az"):
+            scheme = "gs" if task.source == "gcs" else "az"
+            uri, extra = f"{scheme}://{BUCKET}/{task.asset}", []
         else:
             repo, kind = HUB_REPOS[task.asset]
             uri, extra = (f"hf://datasets/{repo}" if kind == "dataset" else f"hf://{repo}"), []
@@ -110,6 +125,7 @@ class Ours(Contender):
             "ACCESS_KEY_ID": "bench-access-key",
             "SECRET_ACCESS_KEY": "bench-secret-key",
             "TERMINATION_LOG": str(ctx.scratch / "termination-log"),
+            **ctx.cloud_env(task.source),
         }
         argv = [str(program), "--storage-uri", uri, "--output", str(dest), *extra]
         return Invocation(argv, env)
@@ -164,6 +180,30 @@ class Boto3(S3ClientScript):
 
 class KubeflowS3(S3ClientScript):
     name, label, script = "kubeflow-s3", "Kubeflow S3 initializer (OpenDAL)", "kubeflow_opendal.py"
+
+
+class CloudSdkScript(Contender):
+    """A driver script of ``clients/`` that copies a gs:// or az:// prefix with the cloud's SDK."""
+
+    script = ""
+
+    def command(self, ctx: Context, task: Task, dest: Path) -> Invocation:
+        excludes = [a for p in _excludes(task.asset) for a in ("--exclude", p)]
+        argv = [
+            str(ctx.venv / "bin" / "python"), str(CLIENTS / self.script),
+            "--bucket", BUCKET, "--prefix", task.asset, "--dest", str(dest), *excludes,
+        ]  # fmt: skip
+        return Invocation(argv, ctx.cloud_env(task.source))
+
+
+class GcsTransferManager(CloudSdkScript):
+    name, label, script = "gcs-tm", "google-cloud-storage transfer manager", "gcs_tm.py"
+    sources = ("gcs",)
+
+
+class AzureBlobSdk(CloudSdkScript):
+    name, label, script = "azure-blob", "azure-storage-blob download_blob", "azure_blob.py"
+    sources = ("az",)
 
 
 class KServe(Contender):
@@ -296,6 +336,8 @@ ALL: tuple[Contender, ...] = (
     Boto3(),
     KubeflowS3(),
     KServe(),
+    GcsTransferManager(),
+    AzureBlobSdk(),
     HfSnapshot(),
     HfObstore(),
     Curl8(),

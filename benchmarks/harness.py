@@ -3,10 +3,12 @@
 Scenarios are ``<kind>-<source>-<asset>``: kind ``cold`` (empty destination), ``latency`` (the
 same against the endpoints that wait before every response's first byte, see
 :mod:`benchmarks.latency`), ``warm`` (rerun into the complete destination the contender itself
-left), ``resume`` (SIGKILL at about half the bytes written, then rerun); source ``s3`` or ``hf``;
-asset ``model`` or ``dataset``. ``cold`` and ``latency`` run ours and each peer back to back,
-the order alternating; ``warm`` and ``resume`` (absolute figures) interleave the contenders.
-Every run also records the delay from its spawn to the arrival of its first data GET at nginx.
+left), ``resume`` (SIGKILL at about half the bytes written, then rerun); source ``s3`` or ``hf``
+(nginx), or ``gcs`` or ``az`` (fake-gcs-server and Azurite, :mod:`benchmarks.cloudemulators`,
+cold only); asset ``model`` or ``dataset``. ``cold`` and ``latency`` run ours and each peer back
+to back, the order alternating; ``warm`` and ``resume`` (absolute figures) interleave the
+contenders. Every run also records the delay from its spawn to the arrival of its first data GET
+at nginx (not the emulators' runs: no nginx is in their path).
 """
 
 from __future__ import annotations
@@ -20,14 +22,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from benchmarks import measure, schedule, verify
+from benchmarks.cloudemulators import SOURCES as CLOUD_SOURCES
 from benchmarks.contenders import Contender, Context, Task, environment
 from benchmarks.endpoints import Endpoints, Traffic
 
 MiB = 1 << 20
 KINDS = ("cold", "latency", "warm", "resume")
+SOURCES = ("s3", "hf", *CLOUD_SOURCES)
+NGINX_ENDPOINT = {"s3": "s3", "hf": "hub"}  # the access log's name of each source nginx serves
 PAIRED_KINDS = schedule.PAIRED_KINDS
 DEFAULT_SCENARIOS = (
     "cold-s3-model", "cold-s3-dataset", "cold-hf-model", "cold-hf-dataset",
+    "cold-gcs-model", "cold-az-model",
     "latency-s3-dataset", "latency-hf-dataset",
     "warm-s3-model", "warm-hf-model", "resume-s3-model", "resume-hf-model",
 )  # fmt: skip
@@ -66,10 +72,13 @@ def parse_scenarios(raw: str | None) -> list[str]:
             continue
         kind, _, rest = item.partition("-")
         source, _, asset = rest.partition("-")
-        if kind not in KINDS or source not in ("s3", "hf") or asset not in ("model", "dataset"):
+        if kind not in KINDS or source not in SOURCES or asset not in ("model", "dataset"):
             raise ValueError(
-                f"unknown scenario {item!r}; use <{'|'.join(KINDS)}>-<s3|hf>-<model|dataset>"
+                f"unknown scenario {item!r}; use <{'|'.join(KINDS)}>-<{'|'.join(SOURCES)}>-"
+                "<model|dataset>"
             )
+        if source in CLOUD_SOURCES and kind != "cold":
+            raise ValueError(f"{item!r}: the {source} emulator has only the cold scenario")
         out.append(item)
     return list(dict.fromkeys(out))
 
@@ -116,7 +125,8 @@ class Harness:
         logfile.parent.mkdir(parents=True, exist_ok=True)
         m = measure.run(inv.argv, environment(ctx, inv), logfile, kill_after_written=kill_after)
         time.sleep(0.05)  # nginx logs a request when it ends; give the last line a moment
-        traffic = self.endpoints.traffic_since(position)[("s3" if task.source == "s3" else "hub")]
+        endpoint = NGINX_ENDPOINT.get(task.source)
+        traffic = self.endpoints.traffic_since(position)[endpoint] if endpoint else Traffic()
         return m, traffic
 
     def _record(
@@ -152,10 +162,12 @@ class Harness:
         status = "ok" if rec.ok else "FAILED: " + "; ".join(problems)[:300]
         extra = f" killed at {killed_at:.0%}" if killed_at is not None else ""
         ttfb = "   -  " if first_get is None else f"{first_get:6.3f}"
+        counted = scenario.split("-")[1] in NGINX_ENDPOINT
+        fetched = f"{traffic.data_bytes / MiB:7.1f}" if counted else "      -"
         self.log(
             f"  {scenario:18} {contender.name:13} round {slot.round}: {m.wall_s:7.2f} s "
             f"{speed:7.0f} MiB/s  1st GET {ttfb} s  rss {m.peak_rss_mib:6.0f} MiB  "
-            f"cpu {m.cpu_s:6.1f} s  fetched {traffic.data_bytes / MiB:7.1f} MiB{extra}  {status}"
+            f"cpu {m.cpu_s:6.1f} s  fetched {fetched} MiB{extra}  {status}"
         )
         return rec
 

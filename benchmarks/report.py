@@ -20,7 +20,7 @@ MiB = 1 << 20
 TIMES, DASH = "\u00d7", "\u2013"  # multiplication sign, en dash
 LABELS = {c.name: c.label for c in ALL}
 REFERENCES = {c.name for c in ALL if c.reference}
-SOURCES = {"s3": "S3", "hf": "Hub"}
+SOURCES = {"s3": "S3", "hf": "Hub", "gcs": "GCS (fake-gcs-server)", "az": "Azure Blob (Azurite)"}
 PAIRED_KINDS = schedule.PAIRED_KINDS
 # First data GET goals on this machine class, per source (issue 13).
 FIRST_GET_GOALS = {"s3": 0.25, "hf": 0.4}
@@ -140,6 +140,8 @@ def _targets(summary: dict[str, dict[str, Summary]], assets: dict) -> list[str]:
     ratio_row("Hub model vs snapshot_download", "cold-hf-model", "hf-snapshot", 2.5)
     ratio_row("Hub dataset vs snapshot_download", "cold-hf-dataset", "hf-snapshot", 4.0)
     ratio_row("Latency S3 dataset vs s5cmd", "latency-s3-dataset", "s5cmd", 1.0)
+    ratio_row("GCS model vs google-cloud-storage transfer manager", "cold-gcs-model", "gcs-tm", 1.0)
+    ratio_row("Azure model vs azure-storage-blob download_blob", "cold-az-model", "azure-blob", 1.0)
     for source, goal in FIRST_GET_GOALS.items():
         firsts = [
             (s["ours"].first_get_s, scenario)

@@ -159,19 +159,30 @@ class AwsCli(Contender):
         return Invocation(argv, {"AWS_CONFIG_FILE": "/dev/null"})
 
 
-class S3ClientScript(Contender):
-    """A driver script of ``clients/`` that copies an S3 prefix (they share one argument set)."""
+class ClientScript(Contender):
+    """A driver script of ``clients/`` that copies a prefix (they share one argument set)."""
 
     script = ""
 
+    def where(self, ctx: Context, task: Task) -> tuple[list[str], dict[str, str]]:
+        """The arguments and environment that point the script at its server."""
+        return [], {}
+
     def command(self, ctx: Context, task: Task, dest: Path) -> Invocation:
         excludes = [a for p in _excludes(task.asset) for a in ("--exclude", p)]
+        args, env = self.where(ctx, task)
         argv = [
-            str(ctx.venv / "bin" / "python"), str(CLIENTS / self.script),
-            "--endpoint", ctx.s3_url, "--bucket", BUCKET, "--prefix", task.asset,
-            "--dest", str(dest), *excludes,
+            str(ctx.venv / "bin" / "python"), str(CLIENTS / self.script), *args,
+            "--bucket", BUCKET, "--prefix", task.asset, "--dest", str(dest), *excludes,
         ]  # fmt: skip
-        return Invocation(argv)
+        return Invocation(argv, env)
+
+
+class S3ClientScript(ClientScript):
+    """An S3 driver script: the endpoint is an argument."""
+
+    def where(self, ctx: Context, task: Task) -> tuple[list[str], dict[str, str]]:
+        return ["--endpoint", ctx.s3_url], {}
 
 
 class Boto3(S3ClientScript):
@@ -182,18 +193,11 @@ class KubeflowS3(S3ClientScript):
     name, label, script = "kubeflow-s3", "Kubeflow S3 initializer (OpenDAL)", "kubeflow_opendal.py"
 
 
-class CloudSdkScript(Contender):
-    """A driver script of ``clients/`` that copies a gs:// or az:// prefix with the cloud's SDK."""
+class CloudSdkScript(ClientScript):
+    """A gs:// or az:// driver script using the cloud's SDK: the emulator is in the environment."""
 
-    script = ""
-
-    def command(self, ctx: Context, task: Task, dest: Path) -> Invocation:
-        excludes = [a for p in _excludes(task.asset) for a in ("--exclude", p)]
-        argv = [
-            str(ctx.venv / "bin" / "python"), str(CLIENTS / self.script),
-            "--bucket", BUCKET, "--prefix", task.asset, "--dest", str(dest), *excludes,
-        ]  # fmt: skip
-        return Invocation(argv, ctx.cloud_env(task.source))
+    def where(self, ctx: Context, task: Task) -> tuple[list[str], dict[str, str]]:
+        return [], ctx.cloud_env(task.source)
 
 
 class GcsTransferManager(CloudSdkScript):

@@ -166,8 +166,9 @@ def _join_plan(
             return
         if plan.get("shards") != spec.count:
             raise UsageError(
-                f"this pod says {spec.count} shards, but the shards of this run started with "
-                f"{plan.get('shards')}; give every pod the same SHARDS"
+                f"this pod says {spec.count} shards, but the plan in {plan_path} says "
+                f"{plan.get('shards')}; give every pod the same SHARDS (a plan an earlier run "
+                "left is replaced when SHARD_RUN differs; else remove it)"
             )
         if plan.get("digest") != digest:
             raise IntegrityError(

@@ -13,6 +13,25 @@ cluster would give them:
   container must mount the volume named ``initializer``.
 
 Kubernetes then resolves a container's environment with ``envFrom`` first and ``env`` on top.
+
+An initializer's Job and its pods (:func:`initializer_job`, :func:`initializer_pods`) follow the
+controller at kubeflow/trainer 8c0f505 and JobSet and Kubernetes as they build them:
+
+* the pod count is the Job template's ``parallelism`` (default 1), which the controller writes
+  into both ``parallelism`` and ``completions`` (``trainingruntime.go``: ``count :=
+  ptr.Deref(rJob.Template.Spec.Parallelism, 1)``; ``syncParallelCount`` in the jobset plugin);
+  every other Job field is copied as the runtime has it;
+* JobSet's webhook defaults ``completionMode`` to ``Indexed`` and the pod's ``restartPolicy`` to
+  ``OnFailure`` when the runtime leaves them unset; the Job is named
+  ``<trainjob>-<replicatedJob>-0`` and its pods labelled with the JobSet's name and the
+  ReplicatedJob's;
+* the API server labels the Job's pods with its UID and name (``batch.kubernetes.io/
+  controller-uid``, ``batch.kubernetes.io/job-name``, and the unprefixed legacy pair); an
+  Indexed Job's pod ``i`` (0 to completions-1) carries ``batch.kubernetes.io/
+  job-completion-index: "i"`` as an annotation and a label, and every container gets
+  ``JOB_COMPLETION_INDEX`` from that annotation unless it sets the name itself;
+* the kubelet resolves ``fieldRef`` env (``metadata.name``, ``namespace``, ``uid``,
+  ``labels['k']``, ``annotations['k']``; an absent key gives "") from the pod.
 """
 
 from __future__ import annotations
@@ -25,6 +44,11 @@ from typing import Any
 from tests.runtimes import manifests
 
 STORAGE_URI_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://.+$")
+FIELD_SUBSCRIPT = re.compile(r"^metadata\.(labels|annotations)\['([^']+)'\]$")
+INDEX_KEY = "batch.kubernetes.io/job-completion-index"
+JOB_UID_LABELS = ("batch.kubernetes.io/controller-uid", "controller-uid")
+JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")
+INDEX_ENV = "JOB_COMPLETION_INDEX"
 MAX_STORAGE_URI = 2048
 MAX_ENV_ITEMS = 128
 STEP_FIELD = {"dataset-initializer": "dataset", "model-initializer": "model"}
@@ -124,8 +148,9 @@ def torch_env(runtime: Obj, train_job: Obj, node_rank: int = 0) -> dict[str, str
     }
 
 
-def resolve_env(container: Obj, secrets: Secrets) -> dict[str, str]:
-    """The environment Kubernetes gives ``container``: envFrom sources, then env on top."""
+def resolve_env(container: Obj, secrets: Secrets, pod: Obj | None = None) -> dict[str, str]:
+    """The environment Kubernetes gives ``container``: envFrom sources, then env on top; env
+    from the downward API (``fieldRef``) is read from ``pod`` (see :func:`initializer_pods`)."""
     env: dict[str, str] = {}
     for source in container.get("envFrom", []):
         name = source["secretRef"]["name"]
@@ -137,9 +162,83 @@ def resolve_env(container: Obj, secrets: Secrets) -> dict[str, str]:
             env[var["name"]] = var["value"]
         elif ref := (var.get("valueFrom") or {}).get("secretKeyRef"):
             env[var["name"]] = secrets[ref["name"]][ref["key"]]
+        elif (ref := (var.get("valueFrom") or {}).get("fieldRef")) and pod is not None:
+            env[var["name"]] = pod_field(pod, ref["fieldPath"])
         else:
-            raise ValueError(f"env {var['name']}: only value and secretKeyRef are modelled here")
+            raise ValueError(
+                f"env {var['name']}: only value, secretKeyRef and (given the pod) fieldRef "
+                "are modelled here"
+            )
     return env
+
+
+def pod_field(pod: Obj, path: str) -> str:
+    """What the downward API gives an env var for ``fieldPath`` ``path`` of ``pod``."""
+    metadata = pod["metadata"]
+    if match := FIELD_SUBSCRIPT.match(path):
+        return (metadata.get(match[1]) or {}).get(match[2], "")
+    if path in ("metadata.name", "metadata.namespace", "metadata.uid"):
+        return metadata[path.removeprefix("metadata.")]
+    raise ValueError(f"fieldRef {path}: not modelled here (nor valid for env in Kubernetes)")
+
+
+def initializer_job(runtime: Obj, step: str, train_job: Obj) -> Obj:
+    """The ``step`` initializer's Job spec as the controller and JobSet's webhook create it for
+    ``train_job`` (module docstring), with its container merged (:func:`initializer_container`)."""
+    rjob = manifests.step_job(runtime, step)
+    spec = copy.deepcopy(rjob["template"]["spec"])
+    spec["parallelism"] = spec["completions"] = spec.get("parallelism", 1)
+    spec.setdefault("completionMode", "Indexed")
+    pod = spec["template"]["spec"]
+    pod["restartPolicy"] = pod.get("restartPolicy") or "OnFailure"
+    merged = initializer_container(runtime, step, train_job)
+    pod["containers"] = [merged if c["name"] == step else c for c in pod["containers"]]
+    return spec
+
+
+def initializer_pods(runtime: Obj, step: str, train_job: Obj, job_uid: str) -> list[Obj]:
+    """The pods of the ``step`` initializer's Job (UID ``job_uid``) for ``train_job``, as
+    Kubernetes creates them: ``{"metadata": ..., "spec": ...}``, in index order."""
+    spec = initializer_job(runtime, step, train_job)
+    train_job_name = (train_job.get("metadata") or {}).get("name", "trainjob")
+    job_name = f"{train_job_name}-{manifests.step_job(runtime, step)['name']}-0"
+    labels = {
+        **((spec["template"].get("metadata") or {}).get("labels") or {}),
+        "jobset.sigs.k8s.io/jobset-name": train_job_name,
+        "jobset.sigs.k8s.io/replicatedjob-name": manifests.step_job(runtime, step)["name"],
+        "jobset.sigs.k8s.io/job-index": "0",
+        **dict.fromkeys(JOB_UID_LABELS, job_uid),
+        **dict.fromkeys(JOB_NAME_LABELS, job_name),
+    }
+    indexed = spec["completionMode"] == "Indexed"
+    pods = []
+    for number in range(spec["completions"]):
+        pod_spec = copy.deepcopy(spec["template"]["spec"])
+        metadata: Obj = {
+            "name": f"{job_name}-{number}",
+            "namespace": (train_job.get("metadata") or {}).get("namespace", "default"),
+            "uid": f"{job_uid}-pod-{number}",
+            "labels": dict(labels),
+            "annotations": {},
+        }
+        if indexed:
+            metadata["labels"][INDEX_KEY] = metadata["annotations"][INDEX_KEY] = str(number)
+            for container in [*pod_spec.get("initContainers", []), *pod_spec["containers"]]:
+                if all(var["name"] != INDEX_ENV for var in container.get("env", [])):
+                    container.setdefault("env", []).append({
+                        "name": INDEX_ENV,
+                        "valueFrom": {"fieldRef": {
+                            "fieldPath": f"metadata.annotations['{INDEX_KEY}']"
+                        }},
+                    })  # fmt: skip
+        pods.append({"metadata": metadata, "spec": pod_spec})
+    return pods
+
+
+def step_container(pod: Obj, step: str) -> Obj:
+    """The ``step`` container of one of :func:`initializer_pods`."""
+    [container] = [c for c in pod["spec"]["containers"] if c["name"] == step]
+    return container
 
 
 def secret_data(secret: Obj) -> dict[str, str]:

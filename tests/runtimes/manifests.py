@@ -21,6 +21,10 @@ ASSET_CACHE_DIR = RUNTIMES_DIR / "components" / "asset-cache"
 # adds to every pod, and where every container mounts it.
 CACHE_VOLUME = "initializer-cache"
 CACHE_MOUNT = "/cache"
+# The sharded-dataset component (runtimes/components/sharded-dataset) and the settings object a
+# user copies into an overlay beside it: K and the workspace's storage class and size.
+SHARDED_DATASET_DIR = RUNTIMES_DIR / "components" / "sharded-dataset"
+SHARDING_SETTINGS = SHARDED_DATASET_DIR / "sharding.yaml"
 
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
 FRAMEWORK_LABEL = "trainer.kubeflow.org/framework"
@@ -61,6 +65,14 @@ def asset_cache_object(kind: str) -> Obj:
             if doc["kind"] == kind:
                 return doc
     raise KeyError(f"no {kind} in {ASSET_CACHE_DIR}")
+
+
+def sharding_settings(shards: int | None = None) -> Obj:
+    """The sharded-dataset component's settings object as shipped, or with K = ``shards``."""
+    [settings] = load_documents(SHARDING_SETTINGS)
+    if shards is not None:
+        settings["spec"]["shards"] = shards
+    return settings
 
 
 def cron_job_as_replicated_job(cron_job: Obj) -> Obj:

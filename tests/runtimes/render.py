@@ -3,11 +3,14 @@
 ``kubectl kustomize`` (or a ``kustomize`` binary) is used when one is on PATH. Neither is
 installable from the registries this project may use, so :func:`render_subset` is a small
 renderer for the part of kustomize that runtimes/ uses: ``resources``, ``components`` (the
-asset-cache Component), JSON 6902 ``patches`` (add, remove, replace, test) with a ``target``
-matched like kustomize matches it (anchored regular expressions), ``nameSuffix`` and ``images``,
-in kustomize's order (resources, then components, then the kustomization's own patches, name
-suffix and images). It refuses any other kustomization key, patch form or target field, so
-adopting a new kustomize feature fails loudly here instead of being ignored, and the tests
+asset-cache and sharded-dataset Components), JSON 6902 ``patches`` (add, remove, replace, test)
+with a ``target`` matched like kustomize matches it (anchored regular expressions),
+``nameSuffix``, ``images`` and ``replacements`` (a scalar from one source object into fields that
+exist, each keeping its type; selected by exact group, version, kind and name), in kustomize's
+order (resources, then components, then the kustomization's own patches, name suffix, images and
+replacements); objects annotated ``config.kubernetes.io/local-config: "true"`` take part and are
+left out of the final output. It refuses any other kustomization key, patch or replacement form,
+so adopting a new kustomize feature fails loudly here instead of being ignored, and the tests
 compare it with the real renderer whenever one is present.
 """
 
@@ -23,13 +26,23 @@ from typing import Any
 
 import yaml
 
-from tests.runtimes.manifests import RUNTIMES_DIR, load_documents
+from tests.runtimes.manifests import (
+    ASSET_CACHE_DIR,
+    RUNTIMES_DIR,
+    SHARDED_DATASET_DIR,
+    load_documents,
+    sharding_settings,
+)
 
 SUPPORTED_KEYS = {
     "apiVersion", "kind", "resources", "components", "patches", "nameSuffix", "images",
+    "replacements",
 }  # fmt: skip
 TARGET_KEYS = {"group", "version", "kind", "name"}
 COMPONENT_KIND = "Component"
+LOCAL_CONFIG = "config.kubernetes.io/local-config"
+# A replacement field path's steps: a key, a list index, or a list item by ``[field=value]``.
+PATH_STEP = re.compile(r"\[([^\].=]+)=([^\]]*)\]|([^.\[\]]+)")
 Obj = dict[str, Any]
 
 
@@ -56,16 +69,47 @@ def render_with_tool(directory: Path) -> list[Obj]:
 
 def render_subset(directory: Path) -> list[Obj]:
     """Render ``directory``'s kustomization.yaml as kustomize would (the subset above)."""
+    return drop_local_config(_accumulate(directory))
+
+
+def _accumulate(directory: Path) -> list[Obj]:
+    """``directory``'s objects before the end of the build: local-config objects still in."""
     spec = load_documents(directory / "kustomization.yaml")[0]
     if spec.get("kind") == COMPONENT_KIND:
         raise ValueError(f"{directory} is a Component: render an overlay that lists it")
     return render_spec(spec, directory)
 
 
+def drop_local_config(docs: list[Obj]) -> list[Obj]:
+    """What kustomize leaves out at the end of a build: objects only it reads."""
+    return [doc for doc in docs if _annotations(doc).get(LOCAL_CONFIG) != "true"]
+
+
+def _annotations(doc: Obj) -> dict[str, str]:
+    return (doc.get("metadata") or {}).get("annotations") or {}
+
+
 def with_component(component: Path, directory: Path = RUNTIMES_DIR) -> list[Obj]:
     """``directory``'s runtimes with ``component`` applied: what an overlay listing
     ``directory`` under resources and ``component`` under components renders."""
-    return render_spec({"resources": [str(directory)], "components": [str(component)]}, directory)
+    return with_components([component], directory)
+
+
+def with_components(
+    components: list[Path], directory: Path = RUNTIMES_DIR, objects: list[Obj] | None = None
+) -> list[Obj]:
+    """What an overlay renders that lists ``directory`` and files holding ``objects`` (e.g. a
+    component's local-config settings) under resources, and ``components`` in that order."""
+    docs = _accumulate(directory) + copy.deepcopy(objects or [])
+    spec = {"components": [str(component) for component in components]}
+    return drop_local_config(render_spec(spec, directory, docs))
+
+
+def with_sharded_dataset(shards: int | None = None, asset_cache: bool = False) -> list[Obj]:
+    """The runtimes with the sharded-dataset component and its settings (K = ``shards``, else
+    as sharding.yaml ships it), after the asset-cache component when ``asset_cache``."""
+    components = [ASSET_CACHE_DIR] * asset_cache + [SHARDED_DATASET_DIR]
+    return with_components(components, objects=[sharding_settings(shards)])
 
 
 def render_spec(spec: Obj, directory: Path, docs: list[Obj] | None = None) -> list[Obj]:
@@ -80,7 +124,7 @@ def render_spec(spec: Obj, directory: Path, docs: list[Obj] | None = None) -> li
     docs = [] if docs is None else docs
     for entry in spec.get("resources", []):
         path = directory / entry
-        docs.extend(render_subset(path) if path.is_dir() else load_documents(path))
+        docs.extend(_accumulate(path) if path.is_dir() else load_documents(path))
     for entry in spec.get("components", []):
         component = load_documents(directory / entry / "kustomization.yaml")[0]
         if component.get("kind") != COMPONENT_KIND:
@@ -97,6 +141,8 @@ def render_spec(spec: Obj, directory: Path, docs: list[Obj] | None = None) -> li
     for doc in docs:
         for container in _containers(doc):
             container["image"] = apply_images(container["image"], spec.get("images", []))
+    for replacement in spec.get("replacements", []):
+        apply_replacement(docs, replacement)
     return docs
 
 
@@ -156,6 +202,89 @@ def apply_json6902(doc: Obj, ops: list[Obj]) -> None:
             del parent[int(last) if isinstance(parent, list) else last]
         else:
             raise ValueError(f"JSON 6902 op {kind!r} is not implemented here")
+
+
+def apply_replacement(docs: list[Obj], replacement: Obj) -> None:
+    """One ``replacements`` entry, as kustomize applies it: the value at the source's fieldPath,
+    in the one object the source selects, written into every target's fieldPaths. Each of those
+    fields must exist and be a string or a number; it keeps its type (kustomize copies the value
+    and leaves the field's type, so 4 lands in a string as "4")."""
+    if set(replacement) != {"source", "targets"}:
+        raise ValueError(f"replacement {replacement}: only source and targets are implemented")
+    source = replacement["source"]
+    if set(source) - (TARGET_KEYS | {"fieldPath"}):
+        raise ValueError(f"replacement source fields {sorted(source)} are not implemented here")
+    selector = {key: value for key, value in source.items() if key != "fieldPath"}
+    found = [doc for doc in docs if _selected_exactly(selector, doc)]
+    if not found:
+        raise ValueError(f"nothing selected by {selector}")
+    if len(found) > 1:
+        raise ValueError(f"multiple matches for selector {selector}")
+    value = _field(found[0], source.get("fieldPath", "metadata.name"))
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise ValueError(f"replacement source {selector}: only a string or an integer here")
+    for target in replacement["targets"]:
+        if set(target) != {"select", "fieldPaths"} or set(target["select"]) - TARGET_KEYS:
+            raise ValueError(f"replacement target {target}: only select and fieldPaths")
+        for doc in docs:
+            if _selected_exactly(target["select"], doc):
+                for path in target["fieldPaths"]:
+                    _set_scalar(doc, path, value)
+
+
+def _selected_exactly(selector: Obj, doc: Obj) -> bool:
+    """A replacement's selector: each field given equals the object's (no patterns)."""
+    group, _, version = doc["apiVersion"].rpartition("/")
+    actual = {"group": group, "version": version, "kind": doc["kind"]}
+    actual["name"] = doc["metadata"]["name"]
+    return all(actual[key] == want for key, want in selector.items())
+
+
+def _steps(path: str) -> list[tuple[str, str] | str]:
+    steps: list[tuple[str, str] | str] = []
+    for part in path.split("."):
+        match = PATH_STEP.fullmatch(part)
+        if match is None:
+            raise ValueError(f"field path {path!r}: step {part!r} is not implemented here")
+        steps.append((match[1], match[2]) if match[1] else match[3])
+    return steps
+
+
+def _child(node: Any, step: tuple[str, str] | str, path: str) -> Any:
+    if isinstance(step, tuple) and isinstance(node, list):
+        for item in node:
+            if isinstance(item, dict) and str(item.get(step[0])) == step[1]:
+                return item
+    elif isinstance(step, str) and isinstance(node, list) and step.isdigit():
+        if int(step) < len(node):
+            return node[int(step)]
+    elif isinstance(step, str) and isinstance(node, dict) and step in node:
+        return node[step]
+    raise KeyError(f'unable to find field "{path}" in replacement target')
+
+
+def _field(doc: Obj, path: str) -> Any:
+    node: Any = doc
+    for step in _steps(path):
+        node = _child(node, step, path)
+    return node
+
+
+def _set_scalar(doc: Obj, path: str, value: str | int) -> None:
+    *parents, last = _steps(path)
+    node: Any = doc
+    for step in parents:
+        node = _child(node, step, path)
+    current = _child(node, last, path)
+    if isinstance(current, bool) or not isinstance(current, str | int):
+        raise ValueError(f"replacement target {path}: only a string or integer field here")
+    new = int(str(value)) if isinstance(current, int) else str(value)
+    if isinstance(last, tuple):
+        raise ValueError(f"replacement target {path}: ends at a list item, not a field")
+    if isinstance(node, list):
+        node[int(last)] = new
+    else:
+        node[last] = new
 
 
 def _pointer(path: str) -> list[str]:

@@ -37,13 +37,16 @@ def _is_initializer(container: dict) -> bool:
 
 
 def _readme_overlay() -> dict:
-    """The overlay runtimes/README.md tells users to write (its one Kustomization block)."""
+    """The overlay runtimes/README.md tells users to write for the cache (its one Kustomization
+    block listing the asset-cache component)."""
     readme = (manifests.RUNTIMES_DIR / "README.md").read_text()
     found = [
         doc
         for block in re.findall(r"```yaml\n(.*?)```", readme, flags=re.S)
         for doc in yaml.safe_load_all(block)
-        if doc and doc.get("kind") == "Kustomization"
+        if doc
+        and doc.get("kind") == "Kustomization"
+        and any("asset-cache" in entry for entry in doc.get("components", []))
     ]
     assert len(found) == 1, "runtimes/README.md shows one overlay with the component"
     return found[0]

@@ -9,8 +9,10 @@ env read under /workspace is there, complete according to the initializer manife
 The only change made to an example is the one a user makes for a private mirror: endpoint env
 upserted into its initializers (ENDPOINT for S3, HF_ENDPOINT for the Hub), and the example
 Secrets' placeholder values replaced by the local servers' credentials. Each example runs on its
-runtime as installed and with the asset-cache component (runtimes/components/asset-cache), whose
-claim is one more folder shared by every pod.
+runtime as installed, with the asset-cache component (runtimes/components/asset-cache), whose
+claim is one more folder shared by every pod, with the sharded-dataset component
+(runtimes/components/sharded-dataset: every pod of the dataset initializer's Indexed Job, with
+the index and run the controller model gives it) and with both.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ from tests.servers.hub import HubServer
 Obj = dict[str, Any]
 STEPS = manifests.INITIALIZER_STEPS
 EXAMPLES = manifests.example_files()
-VARIANTS = ("plain", "asset-cache")
+VARIANTS = ("plain", "asset-cache", "sharded-dataset", "asset-cache+sharded-dataset")
+# K for the sharded variants: one pod per file of DATASET_FILES, and few processes on 2 cores.
+E2E_SHARDS = 2
 TEST_HF_TOKEN = "hf_runtime_contract_token"
 TEST_SECRETS = {
     "ACCESS_KEY_ID": "AKIARUNTIMECONTRACT0",
@@ -172,16 +176,22 @@ def point_at_local_servers(
 
 
 def _storage_uri(runtime: Obj, step: str, train_job: Obj, secrets: dict) -> str:
-    container = controller.initializer_container(runtime, step, train_job)
-    return controller.resolve_env(container, secrets).get("STORAGE_URI", "")
+    return first_pod_env(runtime, step, train_job, secrets).get("STORAGE_URI", "")
+
+
+def first_pod_env(runtime: Obj, step: str, train_job: Obj, secrets: dict) -> dict[str, str]:
+    """The environment of the ``step`` initializer's first pod (the one pod, unless sharded)."""
+    pod = controller.initializer_pods(runtime, step, train_job, job_uid=f"uid-of-{step}")[0]
+    return controller.resolve_env(controller.step_container(pod, step), secrets, pod=pod)
 
 
 def rendered_runtime(name: str, variant: str = "plain") -> Obj:
-    docs = (
-        render.render_subset(manifests.RUNTIMES_DIR)
-        if variant == "plain"
-        else render.with_component(manifests.ASSET_CACHE_DIR)
-    )
+    if variant == "plain":
+        docs = render.render_subset(manifests.RUNTIMES_DIR)
+    elif variant == "asset-cache":
+        docs = render.with_component(manifests.ASSET_CACHE_DIR)
+    else:
+        docs = render.with_sharded_dataset(E2E_SHARDS, asset_cache="asset-cache" in variant)
     for doc in docs:
         if doc["metadata"]["name"] == name:
             return doc
@@ -208,14 +218,22 @@ def start_step(
 
 
 def run_initializers(runtime: Obj, train_job: Obj, secrets: dict, root: Path) -> dict:
-    """Both initializer containers, started together as JobSet does; step → Finished."""
+    """Every pod of both initializer Jobs, started together as JobSet does, each with the env
+    the controller model gives it (its index, its Job's UID); pod → (container, Finished), a
+    pod named by its step when its Job has one pod, else ``<step>-<index>``."""
     shared = claims(runtime, root)
     running = {}
     for step in STEPS:
-        container = controller.initializer_container(runtime, step, train_job)
-        env = controller.resolve_env(container, secrets)
-        running[step] = (container, start_step(runtime, step, container, env, root / step, shared))
-    return {step: (container, proc.wait()) for step, (container, proc) in running.items()}
+        pods = controller.initializer_pods(runtime, step, train_job, job_uid=f"uid-of-{step}")
+        for number, pod in enumerate(pods):
+            key = step if len(pods) == 1 else f"{step}-{number}"
+            container = controller.step_container(pod, step)
+            env = controller.resolve_env(container, secrets, pod=pod)
+            running[key] = (
+                container,
+                start_step(runtime, step, container, env, root / key, shared),
+            )
+    return {key: (container, proc.wait()) for key, (container, proc) in running.items()}
 
 
 # ---- what the trainer reads ----------------------------------------------------------------
@@ -258,8 +276,7 @@ def test_example_trainjob_gets_its_assets_where_its_trainer_reads_them(
 
     train_job = point_at_local_servers(train_job, secrets, runtime, hub, s3_endpoint, cloud)
     for step in STEPS:
-        container = controller.initializer_container(runtime, step, train_job)
-        env = controller.resolve_env(container, secrets)
+        env = first_pod_env(runtime, step, train_job, secrets)
         assert env.get("STORAGE_URI"), f"{example.name}: {step} has nothing to fetch"
         gated = any(key in env for key in ("HF_TOKEN", "ACCESS_TOKEN"))
         seed(env["STORAGE_URI"], step, gated, hub, s3, cloud)
@@ -276,8 +293,13 @@ def test_example_trainjob_gets_its_assets_where_its_trainer_reads_them(
         assert finished.max_rss_bytes < _bytes(limit), f"{step} peaked above its {limit} limit"
         print(f"{example.stem} {step}: peak RSS {finished.max_rss_bytes} B")
 
+    if "sharded-dataset" in variant:  # K pods, each its share; the last one wrote the manifest
+        logs = [results[f"dataset-initializer-{i}"][1].output for i in range(E2E_SHARDS)]
+        for index, log in enumerate(logs):
+            assert f"shard {index} (of {E2E_SHARDS}, from 0)" in log, log
+        assert sum("manifest written" in log for log in logs) == 1, logs
     pvc = tmp_path / "pvc"
-    if variant == "asset-cache":  # the outputs are links into the shared claim's entries
+    if "asset-cache" in variant:  # the outputs are links into the shared claim's entries
         entries = claims(runtime, tmp_path)[manifests.CACHE_VOLUME] / "entries"
         for output in ("model", "dataset"):
             assert (pvc / output).is_symlink(), f"{output} was not fetched through the cache"

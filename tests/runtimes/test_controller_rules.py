@@ -1,7 +1,8 @@
 """The Kubeflow Trainer controller's rules hold for every runtime (../shared/reference/
 kubeflow-contract.md): names and labels it looks for, the shared volume, ordering, MPI wiring,
 and the resource and security settings the initializers need. Every runtime is checked as
-installed and with the asset-cache component applied (runtimes/components/asset-cache)."""
+installed, with the asset-cache component applied (runtimes/components/asset-cache), with the
+sharded-dataset component (runtimes/components/sharded-dataset) and with both."""
 
 from __future__ import annotations
 
@@ -13,15 +14,19 @@ import pytest
 from tests.runtimes import controller, manifests, render
 
 PLAIN = manifests.runtimes()
-WITH_ASSET_CACHE = render.with_component(manifests.ASSET_CACHE_DIR)
-RUNTIMES = [*PLAIN, *WITH_ASSET_CACHE]
+VARIANTS = {
+    "asset-cache": render.with_component(manifests.ASSET_CACHE_DIR),
+    "sharded-dataset": render.with_sharded_dataset(),
+    "asset-cache+sharded-dataset": render.with_sharded_dataset(asset_cache=True),
+}
+RUNTIMES = [*PLAIN, *(runtime for docs in VARIANTS.values() for runtime in docs)]
 MPI_RUNTIMES = [r for r in RUNTIMES if "mpi" in r["spec"]["mlPolicy"]]
 TORCH_RUNTIMES = [r for r in RUNTIMES if "torch" in r["spec"]["mlPolicy"]]
 
 
 def _ids(runtimes: list[dict[str, Any]]) -> list[str]:
-    cached = {id(r) for r in WITH_ASSET_CACHE}
-    return [r["metadata"]["name"] + ("+asset-cache" if id(r) in cached else "") for r in runtimes]
+    variant = {id(r): f"+{name}" for name, docs in VARIANTS.items() for r in docs}
+    return [r["metadata"]["name"] + variant.get(id(r), "") for r in runtimes]
 
 
 IDS = _ids(RUNTIMES)

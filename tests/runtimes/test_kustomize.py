@@ -97,9 +97,21 @@ def test_an_admin_moves_every_image_to_a_mirror_by_editing_only_the_images_secti
         ("patches: [{target: {kind: A}, patch: 'metadata: {name: x}'}]", "only JSON 6902"),
         ("patches: [{target: {labelSelector: a=b}, patch: '[]'}]", "labelSelector"),
         ("patches: [{target: {kind: A}, patch: '[{op: move, from: /a, path: /b}]'}]", "move"),
+        ("replacements: [{path: r.yaml}]", "only source and targets"),
+        (
+            "replacements: [{source: {kind: A, fieldPath: metadata.name}, targets: [{select: "
+            "{kind: A}, fieldPaths: [metadata.name], options: {create: true}}]}]",
+            "only select and fieldPaths",
+        ),
+        (
+            "replacements: [{source: {kind: A, fieldPath: 'metadata.name'}, targets: [{select: "
+            "{kind: A}, fieldPaths: ['metadata.labels[x]']}]}]",
+            "is not implemented here",
+        ),
     ],
-    ids=["generator", "strategic-merge-patch", "label-selector", "move-op"],
-)
+    ids=["generator", "strategic-merge-patch", "label-selector", "move-op", "replacement-file",
+         "replacement-options", "replacement-path-step"],
+)  # fmt: skip
 def test_subset_renderer_refuses_kustomize_features_it_does_not_implement(
     tmp_path: Path, kustomization: str, refused: str
 ):
@@ -107,6 +119,78 @@ def test_subset_renderer_refuses_kustomize_features_it_does_not_implement(
     (tmp_path / "kustomization.yaml").write_text(f"resources: [thing.yaml]\n{kustomization}\n")
     with pytest.raises(ValueError, match=refused):
         render.render_subset(tmp_path)
+
+
+REPLACED = """\
+apiVersion: v1
+kind: Settings
+metadata:
+  name: settings
+  annotations: {config.kubernetes.io/local-config: "true"}
+spec: {count: 4, size: "9"}
+---
+apiVersion: g.io/v1
+kind: B
+metadata: {name: b}
+spec:
+  replicas: 1
+  jobs:
+    - name: other
+      env: [{name: N, value: keep}]
+    - name: this
+      env: [{name: OTHER, value: x}, {name: N, value: "1"}]
+  sizes: [0]
+"""
+
+
+def _replacement(field: str, *paths: str, kind: str = "B", source: dict | None = None) -> dict:
+    source = source or {"kind": "Settings", "name": "settings", "fieldPath": field}
+    return {"source": source, "targets": [{"select": {"kind": kind}, "fieldPaths": list(paths)}]}
+
+
+@pytest.mark.parametrize("renderer", ["subset", pytest.param("tool", marks=needs_renderer)])
+def test_replacements_keep_each_fields_type_and_local_config_objects_stay_out_of_the_output(
+    tmp_path: Path, renderer: str
+):
+    (tmp_path / "things.yaml").write_text(REPLACED)
+    spec = {"resources": ["things.yaml"], "replacements": [
+        _replacement("spec.count", "spec.replicas", "spec.jobs.[name=this].env.[name=N].value"),
+        _replacement("spec.size", "spec.sizes.0"),
+        _replacement("spec.count", "spec.replicas", kind="NoSuchKind"),  # selects nothing: fine
+    ]}  # fmt: skip
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(spec))
+    render_it = render.render_subset if renderer == "subset" else render.render_with_tool
+    [doc] = render_it(tmp_path)  # the local-config Settings is read, then left out
+    assert doc["spec"]["replicas"] == 4, "a number stays a number"
+    assert doc["spec"]["jobs"][1]["env"][1] == {"name": "N", "value": "4"}, "a string a string"
+    assert doc["spec"]["jobs"][0]["env"] == [{"name": "N", "value": "keep"}]
+    assert doc["spec"]["sizes"] == [9], "by index, and a string source into a number"
+
+
+NO_SOURCE = {"kind": "Nothing", "fieldPath": "spec"}
+TWO_SOURCES = {"version": "v1", "fieldPath": "metadata.name"}  # every object here is v1
+
+
+@pytest.mark.parametrize(
+    ("replacement", "refused"),
+    [
+        (_replacement("spec.count", "spec.absent"), "unable to find field"),
+        (_replacement("spec.count", "spec.jobs.[name=none].env"), "unable to find field"),
+        (_replacement("", "spec.replicas", source=NO_SOURCE), "nothing selected by"),
+        (_replacement("", "spec.replicas", source=TWO_SOURCES), "multiple matches"),
+    ],
+    ids=["missing-field", "missing-item", "no-source", "two-sources"],
+)
+@pytest.mark.parametrize("renderer", ["subset", pytest.param("tool", marks=needs_renderer)])
+def test_a_replacement_stops_the_build_where_kustomize_stops_it(
+    tmp_path: Path, renderer: str, replacement: dict, refused: str
+):
+    (tmp_path / "things.yaml").write_text(REPLACED.replace("apiVersion: g.io/v1", "apiVersion: v1"))
+    spec = {"resources": ["things.yaml"], "replacements": [replacement]}
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(spec))
+    render_it = render.render_subset if renderer == "subset" else render.render_with_tool
+    with pytest.raises((ValueError, KeyError, RuntimeError), match=refused):
+        render_it(tmp_path)
 
 
 def test_json_6902_operations_and_targets_act_as_kustomize_applies_them():

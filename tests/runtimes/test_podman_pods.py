@@ -7,7 +7,8 @@ Each container spec (args, env after the controller's merge, securityContext, vo
 ``no-new-privileges``, dropped capabilities → ``--cap-drop``; emptyDirs are 0777 host folders.
 This proves the securityContext the runtimes declare works with the images as built. A claim
 (``persistentVolumeClaim``) is a host folder the test hands in, shared by the pods that mount it,
-and a ``readOnly`` mount is mounted ``:ro``.
+and a ``readOnly`` mount is mounted ``:ro``. The pods of a sharded Job are the controller
+model's (:func:`tests.runtimes.controller.initializer_pods`), each with its index and run.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from urllib.parse import parse_qs, urlsplit
 import boto3
 import pytest
 
+from initializers.shards import partition
+from initializers.sources.base import RemoteFile
 from tests.podman import podman, podman_env
 from tests.runtimes import controller, manifests, render
 from tests.servers.hub import HubServer, RequestRecord
@@ -334,3 +337,109 @@ def test_two_trainjobs_sharing_one_cache_claim_fetch_each_file_once_and_link_one
     )  # fmt: skip
     assert pruned.returncode == 0, pruned.stdout + pruned.stderr
     assert entry.is_dir() and entry.name in pruned.stdout, "a young entry is kept and listed"
+
+
+def test_two_dataset_initializer_pods_of_one_indexed_job_fetch_each_file_once_into_one_workspace(
+    tmp_path: Path, local_images: dict[str, str], hub: HubServer
+):
+    """torch-distributed with the sharded-dataset component, K=2: the two pods the controller
+    model gives the dataset initializer's Job (one image, SHARDS=2, JOB_COMPLETION_INDEX 0 and 1,
+    SHARD_RUN the Job's UID) start together on one workspace volume, the ReadWriteMany claim.
+    The Hub holds every file's bytes until both shares are being asked for, so the two pods
+    really fetch at once. Both exit 0, the Hub sends each file once, exactly one manifest is
+    written, and a trainer pod passes kf-torchrun's asset check on the dataset."""
+    shards = 2
+    runtime = next(
+        doc for doc in render.with_sharded_dataset(shards)
+        if doc["metadata"]["name"] == "torch-distributed"
+    )  # fmt: skip
+    step = "dataset-initializer"
+    files = {
+        "data/train-00000-of-00003.parquet": os.urandom(3 << 20),
+        "data/train-00001-of-00003.parquet": os.urandom(2 << 20),
+        "data/train-00002-of-00003.parquet": os.urandom(1 << 20),
+        "README.md": b"# a dataset in three parquet files\n",
+        "dataset_info.json": b'{"splits": {"train": {"num_examples": 3}}}',
+    }
+    hub.add_repo("org/sharded-data", files, repo_type="dataset")
+    shares = partition([RemoteFile(name, len(body), None) for name, body in files.items()], shards)
+    share_of = {f.path.rsplit("/", 1)[-1]: index for index, s in enumerate(shares) for f in s}
+    asked: set[int] = set()
+    both_asked = threading.Event()
+
+    def hold_bytes_until_both_shares_are_asked_for(record: RequestRecord) -> None:
+        if record.method != "GET" or record.path.startswith("/api/"):
+            return  # listings and HEADs go through
+        url = urlsplit(record.path)
+        name = (parse_qs(url.query).get("name") or [url.path.rsplit("/", 1)[-1]])[0]
+        if name in share_of:
+            asked.add(share_of[name])
+            if len(asked) == shards:
+                both_asked.set()
+        both_asked.wait(45)  # below the initializers' 60 s stall timeout: never retried
+
+    hub.fault = hold_bytes_until_both_shares_are_asked_for
+    train_job = {"metadata": {"name": "sharded"}, "spec": {
+        "initializer": {"dataset": {
+            "storageUri": "hf://datasets/org/sharded-data",
+            "env": [{"name": "HF_ENDPOINT", "value": hub.endpoint}],
+        }},
+        "trainer": {"args": ["train.py"], "env": [
+            {"name": "KF_REQUIRE_ASSETS", "value": "/workspace/dataset"},
+            {"name": "KF_WAIT_TIMEOUT", "value": "0"},
+        ]},
+    }}  # fmt: skip
+    pods = controller.initializer_pods(runtime, step, train_job, job_uid="3f7c9a1e-job-uid")
+    assert len(pods) == shards
+    pod_spec = manifests.pod_spec(manifests.step_job(runtime, step))
+    workspace = fs_group_volume(tmp_path / "pvc", pod_spec["securityContext"]["fsGroup"])
+    running, logs = [], [tmp_path / f"pod-{index}.log" for index in range(shards)]
+    for index, pod in enumerate(pods):
+        container = controller.step_container(pod, step)
+        env = controller.resolve_env(container, {}, pod=pod)
+        assert (env["SHARDS"], env["JOB_COMPLETION_INDEX"]) == (str(shards), str(index))
+        assert env["SHARD_RUN"] == "3f7c9a1e-job-uid"
+        volumes = pod_volumes(pod["spec"], tmp_path / f"pod-{index}", {"initializer": workspace})
+        image = local_images[render.split_image(container["image"])[0]]
+        name = f"kf-rt-shard-{index}-{os.getpid()}"
+        argv = podman_argv(container, pod["spec"], env, volumes, image, name)
+        with logs[index].open("wb") as log:
+            running.append(subprocess.Popen(
+                ["podman", *argv], env=podman_env(), stdin=subprocess.DEVNULL,
+                stdout=log, stderr=subprocess.STDOUT,
+            ))  # fmt: skip
+    try:
+        codes = [process.wait(timeout=300) for process in running]
+    finally:
+        both_asked.set()
+    output = [log.read_text() for log in logs]
+    assert codes == [0] * shards, output
+    assert both_asked.is_set() and asked == set(range(shards)), (
+        "the shares were not fetched at once"
+    )
+
+    for name in files:
+        served = _served(hub, name.rsplit("/", 1)[-1])
+        assert len(served) == 1, (name, served)
+    dataset = workspace / "dataset"
+    assert {name: (dataset / name).read_bytes() for name in files} == files
+    manifests_written = sorted(workspace.rglob(".initializer-manifest*"))
+    assert manifests_written == [dataset / ".initializer-manifest.json"], manifests_written
+    assert not (dataset / ".initializer-shards").exists(), "the shards' plan outlived the fetch"
+    for index, log in enumerate(output):
+        assert f"shard {index} (of {shards}, from 0)" in log, log
+    assert sum("manifest written" in log for log in output) == 1, output
+
+    [(rjob, trainer)] = controller.trainer_containers(runtime, train_job)
+    trainer_pod = manifests.pod_spec(rjob)
+    env = {
+        **controller.resolve_env(trainer, {}),
+        **controller.torch_env(runtime, train_job),
+        "KF_TORCHRUN": "/bin/echo",  # torchrun's argv is printed: the check is the point
+    }
+    volumes = pod_volumes(trainer_pod, tmp_path / "trainer", {"initializer": workspace})
+    image = local_images[f"{OUR_PREFIX}model-initializer"]  # carries kf-torchrun too
+    name = f"kf-rt-shard-trainer-{os.getpid()}"
+    checked = _podman(*podman_argv(trainer, trainer_pod, env, volumes, image, name), timeout=120)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert re.search(r"asset\s+/workspace/dataset:", checked.stdout + checked.stderr)

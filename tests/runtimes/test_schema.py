@@ -17,6 +17,11 @@ ALL_FILES = [
     *manifests.asset_cache_object_files(),
 ]
 WITH_ASSET_CACHE = render.with_component(manifests.ASSET_CACHE_DIR)
+SHARDED = {
+    "sharded-dataset": render.with_sharded_dataset(),
+    "asset-cache+sharded-dataset": render.with_sharded_dataset(asset_cache=True),
+}
+SHARDED_RUNTIMES = [(variant, doc) for variant, docs in SHARDED.items() for doc in docs]
 
 
 def _ids(paths: list[Path]) -> list[str]:
@@ -41,6 +46,16 @@ def test_every_document_round_trips_through_the_published_api_models_unchanged(p
 def test_every_runtime_with_the_asset_cache_component_round_trips_unchanged(runtime):
     problems = schema.round_trip_differences(runtime)
     assert not problems, f"{runtime['metadata']['name']} + asset-cache:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize(
+    ("variant", "runtime"),
+    SHARDED_RUNTIMES,
+    ids=[f"{doc['metadata']['name']}+{variant}" for variant, doc in SHARDED_RUNTIMES],
+)
+def test_every_runtime_with_the_sharded_dataset_component_round_trips_unchanged(variant, runtime):
+    problems = schema.round_trip_differences(runtime)
+    assert not problems, f"{runtime['metadata']['name']} + {variant}:\n" + "\n".join(problems)
 
 
 def test_kustomization_installs_every_runtime_file_and_nothing_else():

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 _HOOKS: list[Callable[[], None]] = []
+_stopped = False  # set once, never cleared: a stop is final (a plain flag: no lock in a handler)
 
 
 def on_interrupt(hook: Callable[[], None]) -> Callable[[], None]:
@@ -21,5 +22,13 @@ def on_interrupt(hook: Callable[[], None]) -> Callable[[], None]:
 
 def interrupt_reads() -> None:
     """End every read in flight, and refuse the ones that would start after this."""
+    global _stopped
+    _stopped = True
     for hook in list(_HOOKS):
         hook()
+
+
+def stopped() -> bool:
+    """True once :func:`interrupt_reads` ran: a failed request is then the stop, not the
+    network, and retrying it would only wait out the backoff."""
+    return _stopped

@@ -22,7 +22,8 @@ from typing import TypeVar
 
 from tenacity import RetryCallState, Retrying, retry_if_exception_type
 
-from initializers.errors import TransientError, UnavailableError
+from initializers.errors import Interrupted, TransientError, UnavailableError
+from initializers.interrupts import stopped
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -51,7 +52,7 @@ class RetryPolicy:
         started = time.monotonic()
         mark = progress() if progress else 0
         try:
-            return fn()
+            return _unless_stopped(fn)
         except TransientError as exc:
             failures = [exc]
         streak = _Streak(self, progress or (lambda: 0), mark, started)
@@ -59,7 +60,7 @@ class RetryPolicy:
         def again() -> T:  # attempt 1 is the failure already met; the rest call fn
             if failures:
                 raise failures.pop()
-            return fn()
+            return _unless_stopped(fn)
 
         retrying = Retrying(
             after=streak.observe,
@@ -79,6 +80,18 @@ class RetryPolicy:
                 f"attempts over {spent:.0f}s; check the endpoint is up and reachable, then rerun "
                 f"(finished files are kept) [{what}]"
             ) from None
+
+
+def _unless_stopped(fn: Callable[[], T]) -> T:
+    """``fn()``; a transient failure after a stop (SIGTERM cut the connection) is the stop."""
+    try:
+        return fn()
+    except TransientError:
+        if stopped():
+            raise Interrupted(
+                "stopped by a signal; rerun to resume (fetched bytes are kept)"
+            ) from None
+        raise
 
 
 class _Streak:

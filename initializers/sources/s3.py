@@ -1,9 +1,10 @@
-"""s3:// — any S3-compatible store, listed with botocore, fetched over the shared HTTP transport.
+"""s3:// — any S3-compatible store: listed by a control plane, fetched over the shared transport.
 
-botocore does what it is good at: the credential chain (env, profiles, web identity / IRSA, STS
-role assumption with refresh), region discovery, endpoint and addressing rules, paginated
-listing. It is used without boto3's layer on top, which added ~60 ms of imports and client
-set-up to every run (measured). Bytes travel as ranged GETs through
+The control plane (listing, HEAD, credentials, region, the bucket's URL) is botocore's
+(:mod:`initializers.sources.s3botocore`: the AWS credential chain, region discovery, AWS's
+endpoint rules), except where the settings need none of that — an endpoint with static keys or
+none — and two signed REST calls do (:mod:`initializers.sources.s3rest`), without the ~0.4 s of
+botocore's import and client set-up. Bytes travel as ranged GETs through
 :mod:`initializers.transport`, which streams at loopback speed where botocore's own body
 handling is CPU-bound, signed in the headers by :mod:`initializers.sources.s3sign`.
 """
@@ -14,25 +15,17 @@ import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Self
-from urllib.parse import SplitResult, quote, urlsplit
-
-import botocore.exceptions as bexc
-import botocore.session
-from botocore import UNSIGNED
-from botocore.config import Config
-from botocore.credentials import (
-    AssumeRoleCredentialFetcher,
-    DeferredRefreshableCredentials,
-)
-from botocore.parsers import ResponseParserFactory
+from typing import Any, Protocol, Self
+from urllib.parse import quote, urlsplit
 
 from initializers import checksum as checksums
 from initializers.config import Settings
-from initializers.errors import AuthError, NotFoundError, TransientError, UsageError
+from initializers.errors import NotFoundError, UsageError
 from initializers.retry import RetryPolicy
+from initializers.sources import s3rest
 from initializers.sources.base import Checksum, Listing, RemoteFile, Source
 from initializers.sources.prefix import Entry, list_prefix, split_location
+from initializers.sources.s3errors import host_header
 from initializers.sources.s3sign import S3HeaderSigner
 from initializers.streams import RangeReader
 from initializers.transport import HttpTransport
@@ -52,30 +45,18 @@ _ADDITIONAL = (
     ("SHA256", "s3-sha256"),
     ("SHA1", "s3-sha1"),
 )
-_AUTH_CODES = {
-    "AccessDenied",
-    "InvalidAccessKeyId",
-    "SignatureDoesNotMatch",
-    "ExpiredToken",
-    "InvalidToken",
-    "TokenRefreshRequired",
-    "AllAccessDisabled",
-    "403",
-    "401",
-}
-_TRANSIENT_CODES = {
-    "SlowDown",
-    "InternalError",
-    "ServiceUnavailable",
-    "RequestTimeout",
-    "Throttling",
-    "ThrottlingException",
-    "RequestTimeTooSkewed",
-    "500",
-    "502",
-    "503",
-    "504",
-}
+
+
+class ControlPlane(Protocol):
+    """What S3Source needs besides the bytes: one of s3botocore.BotocorePlane, s3rest.RestPlane."""
+
+    region: str
+    credentials: Any  # with get_frozen_credentials(), or None (anonymous)
+    bucket_url: str
+
+    def list_objects(self, folder: str) -> list[dict[str, Any]]: ...
+    def head_object(self, key: str) -> dict[str, Any] | None: ...
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -101,18 +82,15 @@ class S3Source(Source):
         self.location = location
         self.settings = settings
         self.retry = retry or RetryPolicy(attempts=settings.retries)
-        self._session = _make_session(settings)
-        self._client = self._make_client(self._region())
         self._transport = HttpTransport(
             workers=settings.workers, timeout=settings.timeout, ca_bundle=settings.ca_bundle
         )
-        credentials = None if settings.anonymous else self._resolve_credentials()
-        self._signer = (
-            S3HeaderSigner(credentials, self._client.meta.region_name) if credentials else None
-        )
-        bucket_url = urlsplit(self._call(self._bucket_url))
+        self._plane = self._control_plane()
+        credentials = self._plane.credentials
+        self._signer = S3HeaderSigner(credentials, self._plane.region) if credentials else None
+        bucket_url = urlsplit(self._plane.bucket_url)
         self._origin = f"{bucket_url.scheme}://{bucket_url.netloc}"
-        self._host = _host_header(bucket_url)
+        self._host = host_header(bucket_url)
         self._bucket_path = bucket_url.path
         self._with_additional: set[str] = set()  # keys listed with an additional checksum
         self._listed_composite: set[str] = set()  # keys listed with a checksum of their parts
@@ -124,67 +102,17 @@ class S3Source(Source):
     def describe(self) -> str:
         return f"s3://{self.location.bucket}/{self.location.prefix}"
 
-    # -- clients and credentials ---------------------------------------------------------------
+    def _control_plane(self) -> ControlPlane:
+        where, bucket = self.describe(), self.location.bucket
+        endpoint = self.settings.endpoint
+        parts = urlsplit(endpoint or "")
+        if endpoint and (parts.scheme not in ("http", "https") or not parts.hostname):
+            raise UsageError(f"invalid S3 endpoint {endpoint!r}: expected http(s)://host[:port]")
+        if s3rest.serves(self.settings):
+            return s3rest.RestPlane(bucket, where, self.settings, self.retry, self._transport)
+        from initializers.sources.s3botocore import BotocorePlane  # ~0.4 s: only when needed
 
-    def _config(self, region: str) -> Config:
-        return Config(
-            region_name=region,
-            signature_version=UNSIGNED if self.settings.anonymous else "s3v4",
-            s3={"addressing_style": "path" if self.settings.endpoint else "auto"},
-            retries={"total_max_attempts": 1, "mode": "standard"},  # our RetryPolicy retries
-            connect_timeout=min(10.0, self.settings.timeout),
-            read_timeout=self.settings.timeout,
-            max_pool_connections=self.settings.workers,
-        )
-
-    def _make_client(self, region: str) -> Any:
-        try:
-            return self._session.create_client(
-                "s3",
-                endpoint_url=self.settings.endpoint,
-                config=self._config(region),
-                verify=self.settings.ca_bundle,
-            )
-        except ValueError as exc:  # malformed endpoint URL
-            raise UsageError(f"invalid S3 endpoint {self.settings.endpoint!r}: {exc}") from None
-
-    def _region(self) -> str:
-        """The signing region: 'auto' asks AWS where the bucket lives; custom endpoints get
-        us-east-1, which MinIO, Ceph and R2 accept."""
-        region = self.settings.region
-        if region != "auto":
-            return region
-        if self.settings.endpoint:
-            return "us-east-1"  # MinIO, Ceph, R2 ... accept it for SigV4
-        probe = self._make_client("us-east-1")
-        try:
-            response = self._call(lambda: probe.head_bucket(Bucket=self.location.bucket))
-            found = response["ResponseMetadata"]["HTTPHeaders"].get("x-amz-bucket-region")
-        except (AuthError, NotFoundError) as exc:
-            found = getattr(exc, "bucket_region", None)
-            if not found:
-                raise
-        log.debug("bucket %s is in %s", self.location.bucket, found)
-        return found or "us-east-1"
-
-    def _resolve_credentials(self) -> Any:
-        credentials = self._session.get_credentials()
-        if credentials is None:
-            raise AuthError(
-                "no S3 credentials found: set ACCESS_KEY_ID and SECRET_ACCESS_KEY, "
-                "AWS_PROFILE, or a web identity (IRSA); use --anonymous for a "
-                "public bucket"
-            )
-        # Surfaces STS / role errors now rather than at the first GET.
-        self.retry.call(lambda: self._call(credentials.get_frozen_credentials), "credentials")
-        return credentials
-
-    def _bucket_url(self) -> str:
-        """Base URL of the bucket (virtual-hosted or path-style, as botocore decides)."""
-        url = self._client.generate_presigned_url(
-            "get_object", Params={"Bucket": self.location.bucket, "Key": "k"}, ExpiresIn=60
-        )
-        return url.split("?", 1)[0][: -len("k")]
+        return BotocorePlane(bucket, where, self.settings, self.retry)
 
     # -- listing --------------------------------------------------------------------------------
 
@@ -199,12 +127,7 @@ class S3Source(Source):
         )
 
     def _list_objects(self, folder: str) -> list[Entry]:
-        paginator = self._client.get_paginator("list_objects_v2")
-        objects: list[dict[str, Any]] = []
-        for page in self._call(
-            lambda: list(paginator.paginate(Bucket=self.location.bucket, Prefix=folder))
-        ):
-            objects.extend(page.get("Contents", []))
+        objects = self._plane.list_objects(folder)
         # Listings name a checksum's algorithm, not its value: a HEAD may find the value later,
         # unless the listing already says it is a composite of the parts (which verifies nothing).
         self._listed_composite = {o["Key"] for o in objects if o.get("ChecksumType") == "COMPOSITE"}
@@ -228,14 +151,7 @@ class S3Source(Source):
             raise NotFoundError(f"s3://{self.location.bucket}/{file.locator}: deleted since listed")
 
     def _head_once(self, key: str) -> dict[str, Any] | None:
-        try:
-            return self._call(
-                lambda: self._client.head_object(
-                    Bucket=self.location.bucket, Key=key, ChecksumMode="ENABLED"
-                )
-            )
-        except NotFoundError:
-            return None
+        return self._plane.head_object(key)
 
     def _remote(self, path: str, key: str, obj: Mapping[str, Any]) -> RemoteFile:
         etag = str(obj.get("ETag", "")).strip('"')
@@ -291,122 +207,7 @@ class S3Source(Source):
 
     def close(self) -> None:
         self._transport.close()
-        self._client.close()  # botocore opens a new pool if the client is used again
-
-    # -- errors ---------------------------------------------------------------------------------
-
-    def _call(self, fn: Any) -> Any:
-        """Run a botocore call, mapping its failures to typed errors."""
-        where = self.describe()
-        try:
-            return fn()
-        except bexc.NoCredentialsError:
-            raise AuthError(
-                "no S3 credentials found: set ACCESS_KEY_ID and SECRET_ACCESS_KEY, "
-                "AWS_PROFILE, or a web identity (IRSA); use --anonymous for a public "
-                "bucket"
-            ) from None
-        except bexc.SSLError:
-            raise UsageError(
-                f"{where}: TLS verification failed; pass --ca-bundle (or "
-                "AWS_CA_BUNDLE) with the endpoint's CA"
-            ) from None
-        except (bexc.ConnectionError, bexc.HTTPClientError, bexc.ResponseStreamingError) as exc:
-            raise TransientError(
-                f"{where}: cannot reach the S3 endpoint ({type(exc).__name__})"
-            ) from None
-        except bexc.ClientError as exc:
-            raise _client_error(exc, where, self.location.bucket) from None
-        except bexc.BotoCoreError as exc:  # configuration problems: region, endpoint, profile
-            raise UsageError(f"{where}: {exc}") from None
-
-
-def _make_session(settings: Settings) -> botocore.session.Session:
-    """A session with the configured keys (or the default chain), assuming ROLE_ARN if set.
-
-    The assumed role's credentials refresh themselves before they expire, so a fetch longer
-    than the role's session duration keeps working.
-    """
-    # STS needs a region even when S3's is discovered later; its global endpoint is us-east-1.
-    region = "us-east-1" if settings.region == "auto" else settings.region
-    session = _session(region)
-    if settings.access_key_id or settings.secret_access_key or settings.session_token:
-        session.set_credentials(
-            settings.access_key_id, settings.secret_access_key, settings.session_token
-        )
-    if not settings.role_arn:
-        return session
-    source_credentials = session.get_credentials()
-    if source_credentials is None:
-        raise AuthError(
-            "ROLE_ARN is set but there are no credentials to assume it with; set "
-            "ACCESS_KEY_ID/SECRET_ACCESS_KEY or a web identity (IRSA)"
-        )
-    fetcher = AssumeRoleCredentialFetcher(
-        client_creator=session.create_client,
-        source_credentials=source_credentials,
-        role_arn=settings.role_arn,
-        extra_args={"RoleSessionName": "kubeflow-initializer"},
-    )
-    assumed = _session(region)
-    assumed._credentials = DeferredRefreshableCredentials(
-        method="assume-role", refresh_using=fetcher.fetch_credentials
-    )
-    return assumed
-
-
-def _session(region: str) -> botocore.session.Session:
-    session = botocore.session.get_session()
-    session.set_config_variable("region", region)
-    _skip_timestamp_parsing(session)
-    return session
-
-
-def _skip_timestamp_parsing(session: botocore.session.Session) -> None:
-    """Leave timestamps as the strings S3 sent: nothing here reads LastModified, and dateutil
-    parsing it took ~0.1 ms an object — 0.2 s of CPU on a 2,000-file listing. botocore's
-    credential fetchers accept string expiry times (they cache them as strings)."""
-    factory = ResponseParserFactory()
-    factory.set_parser_defaults(timestamp_parser=str)
-    session.register_component("response_parser_factory", factory)
-
-
-def _client_error(exc: bexc.ClientError, where: str, bucket: str) -> Exception:
-    error = exc.response.get("Error", {})
-    code = str(error.get("Code", ""))
-    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-    headers = exc.response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
-    if code in _TRANSIENT_CODES or status in (429, 500, 502, 503, 504):
-        return TransientError(f"{where}: S3 said {code or status}")
-    if code in ("NoSuchBucket",):
-        return NotFoundError(
-            f"{where}: bucket {bucket!r} does not exist — check its name and the endpoint/region"
-        )
-    if code in ("NoSuchKey", "404", "NotFound"):
-        failure = NotFoundError(f"{where}: no such object")
-    elif code in _AUTH_CODES or status in (401, 403):
-        failure = AuthError(
-            f"{where}: access denied ({code or status}); check the credentials "
-            "(ACCESS_KEY_ID / SECRET_ACCESS_KEY, ROLE_ARN) and the bucket policy"
-        )
-    elif code in ("PermanentRedirect", "301", "AuthorizationHeaderMalformed"):
-        failure = UsageError(
-            f"{where}: the bucket is in another region "
-            f"({headers.get('x-amz-bucket-region', 'unknown')}); set --region "
-            "or leave it at 'auto'"
-        )
-    else:
-        return UsageError(f"{where}: S3 refused the request ({code or status})")
-    failure.bucket_region = headers.get("x-amz-bucket-region")  # type: ignore[attr-defined]
-    return failure
-
-
-def _host_header(url: SplitResult) -> str:
-    """The Host header an HTTP client sends for ``url`` (no port when it is the default)."""
-    host = url.hostname or ""
-    host = f"[{host}]" if ":" in host else host
-    default = {"http": 80, "https": 443}.get(url.scheme)
-    return host if url.port in (None, default) else f"{host}:{url.port}"
+        self._plane.close()
 
 
 def _checksum_headers(headers: Mapping[str, str]) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""SigV4 header signatures for S3 object GETs, computed by awscrt's native signer.
+"""SigV4 header signatures for S3 requests, computed by awscrt's native signer.
 
 Measured on the benchmark machine, per request: ~17 µs here against ~85 µs for botocore's
 presigner. Header signing also keeps the URL short: urllib3 re-encodes a request's URL one
@@ -17,7 +17,8 @@ from awscrt import http as crt_http
 
 
 class S3HeaderSigner:
-    """Signs GET requests for one region with botocore's (possibly refreshing) credentials."""
+    """Signs requests for one region with botocore's (possibly refreshing) credentials, or
+    static ones of the same shape."""
 
     def __init__(self, credentials: Any, region: str) -> None:
         self._credentials = credentials
@@ -40,9 +41,11 @@ class S3HeaderSigner:
         path: str,
         headers: Mapping[str, str],
         now: datetime.datetime | None = None,
+        method: str = "GET",
     ) -> dict[str, str]:
         """``headers`` plus X-Amz-Date, x-amz-content-sha256, the session token and
-        Authorization for ``GET path`` on ``host`` (the Host header the client will send).
+        Authorization for ``method path`` (a GET unless told; ``path`` may carry a query) on
+        ``host`` (the Host header the client will send).
 
         Every header given is signed, so pass the x-amz-* ones here and add unsigned ones
         (Range, If-Match) afterwards. ``path`` is the URI-encoded path S3 receives; S3 signs it
@@ -62,7 +65,7 @@ class S3HeaderSigner:
             signed_body_header_type=crt_auth.AwsSignedBodyHeaderType.X_AMZ_CONTENT_SHA_256,
         )
         request = crt_http.HttpRequest(
-            "GET", path, crt_http.HttpHeaders([("Host", host), *headers.items()])
+            method, path, crt_http.HttpHeaders([("Host", host), *headers.items()])
         )
         crt_auth.aws_sign_request(request, config).result()
         return {name: value for name, value in request.headers if name.lower() != "host"}

@@ -261,7 +261,12 @@ BAD_INPUTS: list[Bad] = [
         2,
         "invalid S3 endpoint 'not a url'",
     ),
-    Bad("`ENDPOINT=ftp://host`", {**OK_S3, "ENDPOINT": "ftp://host"}, 2, "was not a valid URI"),
+    Bad(
+        "`ENDPOINT=ftp://host`",
+        {**OK_S3, "ENDPOINT": "ftp://host"},
+        2,
+        "invalid S3 endpoint 'ftp://host': expected http(s)://host[:port]",
+    ),
     Bad(
         "`HF_ENDPOINT=not a url`",
         {"STORAGE_URI": "hf://org/model", "HF_ENDPOINT": "not a url"},

@@ -1,0 +1,164 @@
+"""S3's control plane as signed REST calls, for an S3-compatible endpoint with static keys.
+
+The common Kubeflow case (``ENDPOINT`` plus ``ACCESS_KEY_ID`` / ``SECRET_ACCESS_KEY``, or
+``--anonymous``) needs nothing of botocore's: no credential chain, no region discovery, no
+endpoint rules (path-style addressing on the given endpoint, as the botocore path configures
+too). Importing botocore and building its client cost ~0.4 s before the first request
+(measured here); ListObjectsV2 and HeadObject are two GETs/HEADs signed by the same native
+SigV4 signer as the data GETs, through the same transport. Everything else goes through
+:mod:`initializers.sources.s3botocore`.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, unquote_plus, urlencode, urlsplit
+
+from initializers.config import Settings
+from initializers.errors import TransientError
+from initializers.retry import RetryPolicy
+from initializers.sources.s3errors import host_header, s3_error
+from initializers.sources.s3sign import S3HeaderSigner
+from initializers.transport import HttpTransport
+
+_HEADER_FIELDS = {  # HeadObject's response headers, in botocore's output keys
+    "etag": "ETag",
+    "x-amz-checksum-type": "ChecksumType",
+    "x-amz-checksum-crc32": "ChecksumCRC32",
+    "x-amz-checksum-crc32c": "ChecksumCRC32C",
+    "x-amz-checksum-crc64nvme": "ChecksumCRC64NVME",
+    "x-amz-checksum-sha1": "ChecksumSHA1",
+    "x-amz-checksum-sha256": "ChecksumSHA256",
+    "x-amz-server-side-encryption": "ServerSideEncryption",
+    "x-amz-server-side-encryption-customer-algorithm": "SSECustomerAlgorithm",
+}
+
+
+def serves(settings: Settings) -> bool:
+    """True when these settings need nothing of botocore: an endpoint, and static keys or none."""
+    static = bool(settings.access_key_id and settings.secret_access_key)
+    return bool(settings.endpoint) and not settings.role_arn and (settings.anonymous or static)
+
+
+@dataclass(frozen=True)
+class StaticCredentials:
+    """The keys as given, in the shape the signer reads (botocore's frozen credentials)."""
+
+    access_key: str
+    secret_key: str
+    token: str | None
+
+    def get_frozen_credentials(self) -> StaticCredentials:
+        return self
+
+
+class RestPlane:
+    """Listing, HEAD, credentials, region and the bucket's URL, without botocore."""
+
+    def __init__(
+        self,
+        bucket: str,
+        where: str,
+        settings: Settings,
+        retry: RetryPolicy,
+        transport: HttpTransport,
+    ) -> None:
+        self.bucket = bucket
+        self.where = where
+        self.retry = retry
+        self._transport = transport
+        endpoint = str(settings.endpoint).rstrip("/")  # checked by S3Source
+        self.region = "us-east-1" if settings.region == "auto" else settings.region
+        self.credentials = (
+            None
+            if settings.anonymous
+            else StaticCredentials(
+                str(settings.access_key_id), str(settings.secret_access_key), settings.session_token
+            )
+        )
+        self.bucket_url = f"{endpoint}/{quote(bucket)}/"
+        split = urlsplit(self.bucket_url)
+        self._origin = f"{split.scheme}://{split.netloc}"
+        self._host = host_header(split)
+        self._path = split.path
+        self._signer = S3HeaderSigner(self.credentials, self.region) if self.credentials else None
+
+    def list_objects(self, folder: str) -> list[dict[str, Any]]:
+        """Every object under ``folder``, page after page, in botocore's ListObjectsV2 keys."""
+        objects: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            query = {"list-type": "2", "prefix": folder, "encoding-type": "url"}
+            if token:
+                query["continuation-token"] = token
+            root = self._list_page(query)
+            encoded_keys = root.findtext("EncodingType") == "url"  # else the server ignored it
+            for item in root.iter("Contents"):
+                objects.append(_object(item, encoded_keys))
+            truncated = root.findtext("IsTruncated", "false") == "true"
+            token = root.findtext("NextContinuationToken")
+            if not truncated or not token:
+                return objects
+
+    def head_object(self, key: str) -> dict[str, Any] | None:
+        """HeadObject's answer in botocore's keys, or None when there is no such object."""
+        status, headers, _ = self._request(
+            "HEAD", self._path + quote(key, safe="/~"), "", {"x-amz-checksum-mode": "ENABLED"}
+        )
+        if status == 404:
+            return None
+        if status != 200:
+            raise s3_error(str(status), status, headers, self.where, self.bucket)
+        found: dict[str, Any] = {"ContentLength": int(headers.get("content-length", 0))}
+        for header, field in _HEADER_FIELDS.items():
+            if headers.get(header):
+                found[field] = headers[header]
+        return found
+
+    def close(self) -> None:
+        """The transport is the source's; nothing of its own to release."""
+
+    def _list_page(self, query: dict[str, str]) -> ET.Element:
+        encoded = urlencode(sorted(query.items()), quote_via=quote, safe="~")
+        status, headers, body = self._request("GET", self._path, encoded)
+        try:
+            root = ET.fromstring(body) if body else None
+        except ET.ParseError:
+            root = None
+        for element in root.iter() if root is not None else ():
+            element.tag = element.tag.rpartition("}")[2]  # with or without S3's namespace
+        if status != 200:
+            code = "" if root is None else root.findtext("Code", "")
+            raise s3_error(code, status, headers, self.where, self.bucket)
+        if root is None:
+            raise TransientError(f"{self.where}: the listing was not valid XML")
+        return root
+
+    def _request(
+        self, method: str, path: str, query: str, headers: dict[str, str] | None = None
+    ) -> tuple[int, Any, bytes]:
+        target = f"{path}?{query}" if query else path
+        headers = dict(headers or {})
+        if self._signer is not None:
+            headers = self._signer.sign(self._host, target, headers, method=method)
+        return self._transport.request(method, self._origin + target, headers, self.where)
+
+
+def _object(item: ET.Element, encoded_key: bool) -> dict[str, Any]:
+    """One ``<Contents>`` of a listing, in botocore's keys (the key URL-decoded when the server
+    encoded it, as botocore does for ``encoding-type=url``)."""
+    key = item.findtext("Key", "")
+    found: dict[str, Any] = {
+        "Key": unquote_plus(key) if encoded_key else key,
+        "Size": int(item.findtext("Size", "0")),
+        "ETag": item.findtext("ETag", ""),
+    }
+    algorithms = [a.text for a in item.iter("ChecksumAlgorithm") if a.text]
+    if algorithms:
+        found["ChecksumAlgorithm"] = algorithms
+    kind = item.findtext("ChecksumType")
+    if kind:
+        found["ChecksumType"] = kind
+    return found

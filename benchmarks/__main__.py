@@ -41,12 +41,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--scenarios",
         help=f"comma-separated <{'|'.join(harness.KINDS)}>-<{'|'.join(harness.SOURCES)}>-"
-        "<model|dataset> (gcs and az: cold only, on fake-gcs-server and Azurite), or a bare "
-        "kind; default: " + ",".join(harness.DEFAULT_SCENARIOS),
+        "<model|dataset> (gcs and az: cold only, on fake-gcs-server and Azurite; shards: s3 "
+        "only), or a bare kind; default: " + ",".join(harness.DEFAULT_SCENARIOS),
     )
     p.add_argument(
         "--latency-ms", type=float, default=latency.DEFAULT_DELAY_S * 1000,
         help="latency scenarios: delay before each response's first byte (default %(default)g)",
+    )  # fmt: skip
+    p.add_argument(
+        "--shard-cap", type=float, default=harness.SHARD_CAP_MIB_S, metavar="MIB_S",
+        help="sharding scenario: each shard's bandwidth cap, one node's NIC (default %(default)g)",
     )  # fmt: skip
     p.add_argument("--bench-dir", type=Path, default=REPO_ROOT / ".bench")
     p.add_argument("--docs", type=Path, help="write benchmarks.md/.png into this folder")
@@ -93,12 +97,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"python -m benchmarks: {exc}", file=sys.stderr)
         return 2
 
-    if cloudemulators.azurite_missing() and any(s.split("-")[1] == "az" for s in scenarios):
+    if cloudemulators.azurite_missing() and any(harness.parts(s)[1] == "az" for s in scenarios):
         print("warning: Azurite is not installed (`make azurite`, which needs npm): the az:// "
               "scenarios are left out", flush=True)  # fmt: skip
-        scenarios = [s for s in scenarios if s.split("-")[1] != "az"]
-    if args.rounds < 1 or args.latency_ms <= 0:
-        print("python -m benchmarks: --rounds and --latency-ms must be positive", file=sys.stderr)
+        scenarios = [s for s in scenarios if harness.parts(s)[1] != "az"]
+    if args.rounds < 1 or args.latency_ms <= 0 or args.shard_cap <= 0:
+        print(
+            "python -m benchmarks: --rounds, --latency-ms and --shard-cap must be positive",
+            file=sys.stderr,
+        )
         return 2
     commit = machine.commit()  # the code measured: taken before ours is frozen below
     load = os.getloadavg()[0]
@@ -126,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     # a chosen contender fetches from it.
     cloud_assets: dict[str, set[str]] = {}
     for scenario in scenarios:
-        _kind, source, asset = scenario.split("-")
+        _kind, source, asset = harness.parts(scenario)
         if source in cloudemulators.SOURCES and any(source in c.sources for c in chosen):
             cloud_assets.setdefault(source, set()).add(asset)
     with contextlib.ExitStack() as stack:
@@ -141,11 +148,13 @@ def main(argv: list[str] | None = None) -> int:
         ctx = contenders_mod.Context(
             fixture, endpoints.s3_url, endpoints.hub_url, venv, kserve_venv, scratch, ours_src
         )
-        runner = harness.Harness(ctx, endpoints, out, log=lambda s: print(s, flush=True))
+        runner = harness.Harness(
+            ctx, endpoints, out, log=lambda s: print(s, flush=True), shard_cap_mib_s=args.shard_cap
+        )
         print(f"S3 {endpoints.s3_url}  Hub {endpoints.hub_url}  results {out}", flush=True)
         try:
             for i, scenario in enumerate(scenarios):
-                source = scenario.split("-")[1]
+                source = harness.parts(scenario)[1]
                 if source in cloud_assets:
                     address = clouds.serve(source)  # started and seeded the first time
                     if source == "gcs":
@@ -153,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                     else:
                         ctx.az_connection_string = address
                 runner.run_scenario(scenario, chosen, args.rounds)
-                later = any(s.split("-")[1] == source for s in scenarios[i + 1 :])
+                later = any(harness.parts(s)[1] == source for s in scenarios[i + 1 :])
                 if source in cloud_assets and not later:
                     clouds.release(source)  # Azurite keeps its blobs in memory
         finally:
@@ -166,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                 "scale": args.scale,
                 "rounds": args.rounds,
                 "latency_s": latency_s,
+                "shard_cap_mib_s": args.shard_cap,
                 "scenarios": scenarios,
                 "contenders": [c.name for c in chosen],
                 "assets": {
@@ -182,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         args.scale >= 1
         and args.rounds >= MIN_COMPLETE_ROUNDS
         and args.latency_ms == latency.DEFAULT_DELAY_S * 1000
+        and args.shard_cap == harness.SHARD_CAP_MIB_S
         and len(chosen) == len(contenders_mod.ALL)
         and set(harness.DEFAULT_SCENARIOS) <= set(scenarios)
     )

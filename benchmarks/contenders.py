@@ -12,6 +12,7 @@ asset: the same command, except for tools whose own answer to that is a differen
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,12 +26,14 @@ HUB_REPOS = {"model": ("bench/model", "model"), "dataset": ("bench/dataset", "da
 @dataclass(frozen=True)
 class Task:
     """What to fetch: from which endpoint ("s3", "hf", or the emulators' "gcs" and "az"), which
-    asset, first run or a rerun, and whether from the delayed endpoints (the latency scenarios)."""
+    asset, first run or a rerun, whether from the delayed endpoints (the latency scenarios), and
+    for ours the shared asset store to use (``CACHE_DIR``; the second-trainjob scenarios)."""
 
     source: str
     asset: str
     rerun: bool = False
     delayed: bool = False
+    cache: Path | None = None
 
 
 @dataclass
@@ -126,9 +129,44 @@ class Ours(Contender):
             "SECRET_ACCESS_KEY": "bench-secret-key",
             "TERMINATION_LOG": str(ctx.scratch / "termination-log"),
             **ctx.cloud_env(task.source),
+            **({"CACHE_DIR": str(task.cache)} if task.cache else {}),
         }
         argv = [str(program), "--storage-uri", uri, "--output", str(dest), *extra]
         return Invocation(argv, env)
+
+    def sharded(
+        self, ctx: Context, task: Task, dest: Path, endpoints: list[str], run: str, logs: Path
+    ) -> Invocation:
+        """K processes of ours started together into one ``dest``, as K pods of an Indexed Job:
+        shard i has ``SHARDS=K``, ``JOB_COMPLETION_INDEX=i``, its own ``ENDPOINT``
+        (``endpoints[i]``) and the run's ``SHARD_RUN``; its output goes to ``logs/shard-i.log``.
+        The wrapper exits when the last of them has, with the first failing shard's code (and
+        the tail of every shard's log when one failed)."""
+        if task.source != "s3":
+            raise ValueError("the sharded runs fetch from S3 endpoints")
+        base = self.command(ctx, task, dest)
+        argv = base.argv[: base.argv.index("--endpoint")]  # each shard's ENDPOINT says where
+        logs.mkdir(parents=True, exist_ok=True)
+        count = len(endpoints)
+        lines = ['pids=""']
+        for index, endpoint in enumerate(endpoints):
+            env = {
+                "SHARDS": str(count),
+                "JOB_COMPLETION_INDEX": str(index),
+                "ENDPOINT": endpoint,
+                "SHARD_RUN": run,
+                "TERMINATION_LOG": str(ctx.scratch / f"termination-log-{index}"),
+            }
+            assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+            log = shlex.quote(str(logs / f"shard-{index}.log"))
+            lines.append(f'{assignments} {shlex.join(argv)} >{log} 2>&1 & pids="$pids $!"')
+        lines += [
+            "rc=0",
+            'for p in $pids; do wait "$p"; c=$?; if [ "$rc" = 0 ]; then rc=$c; fi; done',
+            f'if [ "$rc" != 0 ]; then tail -n 12 {shlex.quote(str(logs))}/shard-*.log; fi',
+            'exit "$rc"',
+        ]
+        return Invocation(["/bin/bash", "-c", "\n".join(lines)], base.env)
 
 
 class S5cmd(Contender):

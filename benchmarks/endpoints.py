@@ -12,6 +12,7 @@ its first data GET arrived, are counted the same way for every contender.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -90,6 +91,7 @@ class Endpoints:
             self.latency_cdn_url = self._port("cdn", delayed=True).url
         self.hub_api_url = ""  # the Python Hub listener itself, behind nginx
         self._procs: list[subprocess.Popen] = []
+        self._s3api: subprocess.Popen | None = None
         self.nginx: Nginx | None = None
 
     def _port(self, role: str, delayed: bool = False) -> Port:
@@ -123,7 +125,8 @@ class Endpoints:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         for stale in ("access.log", "error.log"):
             (self.run_dir / stale).unlink(missing_ok=True)
-        self._procs.append(start_s3api(self.fixture, self.s3api_port))
+        self._s3api = start_s3api(self.fixture, self.s3api_port)
+        self._procs.append(self._s3api)
         lfs_dir = self.fixture.root / "hub-lfs"
         self.hub_api_url = self._start_hub(lfs_dir)
         body = s3_http_shared(self.fixture, self.run_dir, self.s3api_port)
@@ -182,6 +185,20 @@ class Endpoints:
         self._procs.clear()
 
     # -- accounting ------------------------------------------------------------------------
+    def s3_server_pids(self) -> list[int]:
+        """The processes serving S3: nginx's master and workers, and the S3 API layer (its
+        listings). Their CPU is part of what a fetch costs the machine."""
+        import psutil
+
+        pids = []
+        if self.nginx and self.nginx.proc:
+            pids.append(self.nginx.proc.pid)
+            with contextlib.suppress(psutil.Error):
+                pids += [c.pid for c in psutil.Process(self.nginx.proc.pid).children()]
+        if self._s3api is not None:
+            pids.append(self._s3api.pid)
+        return pids
+
     @property
     def access_log(self) -> Path:
         return self.run_dir / "access.log"

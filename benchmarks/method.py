@@ -69,6 +69,34 @@ METHOD = """\
   ones from their journal. boto3's TransferManager, the Kubeflow S3 initializer and KServe's `s3://`
   fetch everything again. Temporary files a killed tool leaves behind and its rerun does not clean
   up count as a failed check (see "note").
+- **Second TrainJob** (`second-trainjob-<s3|hf>-model`, the shared asset store): before the
+  rounds, one run of ours with `CACHE_DIR` fills the store (not measured). Then, in paired rounds
+  as above, ours runs with that `CACHE_DIR` and an `--output` in a new, empty workspace folder:
+  it lists the source, checks the caller's read access with one HEAD (no body), finds the entry
+  complete, checks its files against the manifest (size and mtime) and makes `--output` a link
+  to it; each run must leave that link, and the complete tree behind it. The peers have no
+  shared store, so each of their runs is its usual cold fetch into its own new workspace. "File
+  data fetched" is what nginx's access log counts as file bodies in the measured run (object
+  GETs, `resolve`, CDN); "all bytes served" adds listings, API answers and HEADs.
+- **Sharding** (`shards-s3-dataset`): K = 1, 2 and 4 processes of ours (`SHARDS=K`,
+  `JOB_COMPLETION_INDEX=i`, one `--output`, one `SHARD_RUN` per run) started together by one
+  shell, as the K pods of an Indexed Job; the wall time runs until the last one exits, the CPU
+  is all of theirs, and the tree is checked as always plus its one manifest (exactly the
+  expected files and sizes). Shard i's `ENDPOINT` is a proxy of its own in front of nginx's S3
+  port (`benchmarks/rateproxy.py`, one asyncio process per shard), capped at {cap:g} MiB/s: it
+  stands for one node's NIC, the bound that sharding multiplies. The cap is one token bucket
+  per proxy shared by all of its connections (a shard keeps up to 16 requests in flight; their
+  sum is capped, not each one), on the bytes nginx sends back (requests are not capped): each
+  chunk of up to
+  256 KiB waits for its slot, and while it waits the proxy reads nothing more from nginx, whose
+  sends back up in the kernel as behind a NIC. On one machine all the shards share one nginx
+  and {cpus} CPUs, so the figure is honest only if those are not what bounds it: the table shows
+  for every run the proxies' CPU and the CPU of the whole path (ours, the proxies, nginx and the
+  S3 API layer) as a share of the machine, and a fourth variant, K = 4 through proxies without
+  a cap, shows how far above the caps the same path goes when they are lifted. The rounds run
+  K = 1, 2, 4, 4 uncapped, then the reverse, and so on; "aggregate(K) / (K \u00d7 aggregate(1))" is
+  taken round by round, against that round's K = 1 run, so the target compares K shards with
+  what one capped shard really achieved (listing and start-up included), not with the cap.
 - **References**: `cp` from the fixture folder and eight parallel `curl` processes (each GETting its
   share of the files over one keep-alive connection, following the Hub's redirects) are not S3 or
   Hub clients; they show what this machine does with no client logic at all. `cp` makes no
@@ -93,7 +121,11 @@ METHOD = """\
 """
 
 
-def method(nginx: str, latency_ms: float, ds_files: int, scale: float, rounds: int) -> str:
+def method(
+    nginx: str, latency_ms: float, ds_files: int, scale: float, rounds: int,
+    shard_cap_mib_s: float = 20.0, cpus: int = 2,
+) -> str:  # fmt: skip
     return METHOD.format(
-        nginx=nginx, latency_ms=latency_ms, ds_files=ds_files, scale=scale, rounds=rounds
-    )
+        nginx=nginx, latency_ms=latency_ms, ds_files=ds_files, scale=scale, rounds=rounds,
+        cap=shard_cap_mib_s, cpus=cpus,
+    )  # fmt: skip

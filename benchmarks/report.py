@@ -1,8 +1,11 @@
 """Turn a results file into the markdown tables and the PNG chart committed under docs/.
 
 Cold and latency scenarios compare ours with each peer by the median of their per-round ratios
-(:mod:`benchmarks.ratios`); warm and resume show absolute figures. Results saved before the
-paired rounds (no ``pair`` in their records) still render, with no ratios.
+(:mod:`benchmarks.ratios`); warm and resume show absolute figures; the second-TrainJob tables
+compare ours with a warm asset store with every peer's fresh fetch, by the same ratios; the
+sharding table shows the aggregate throughput per number of shards and its ratio to K times one
+shard's, round by round. Results saved before the paired rounds (no ``pair`` in their records)
+still render, with no ratios.
 """
 
 from __future__ import annotations
@@ -22,8 +25,11 @@ LABELS = {c.name: c.label for c in ALL}
 REFERENCES = {c.name for c in ALL if c.reference}
 SOURCES = {"s3": "S3", "hf": "Hub", "gcs": "GCS (fake-gcs-server)", "az": "Azure Blob (Azurite)"}
 PAIRED_KINDS = schedule.PAIRED_KINDS
+parts = schedule.parts
 # First data GET goals on this machine class, per source (issue 13).
 FIRST_GET_GOALS = {"s3": 0.25, "hf": 0.4}
+SECOND_TRAINJOB_GOAL_S = 1.0  # issue 15: ours into a new workspace with a warm asset store
+SHARDING_GOAL = 0.8  # issue 16: aggregate(K) >= 0.8 x K x aggregate(1)
 
 
 @dataclass
@@ -56,7 +62,7 @@ def summarize(results: dict) -> dict[str, dict[str, Summary]]:
         grouped.setdefault(rec["scenario"], {}).setdefault(rec["contender"], []).append(rec)
     out: dict[str, dict[str, Summary]] = {}
     for scenario, by_contender in grouped.items():
-        total = assets[scenario.split("-")[2]]["bytes"]
+        total = assets[parts(scenario)[2]]["bytes"]
         every = [r for recs in by_contender.values() for r in recs]
         out[scenario] = {}
         for name, recs in by_contender.items():
@@ -93,18 +99,33 @@ def _fmt_seconds(s: float | None) -> str:
 
 
 def title(scenario: str, meta: dict) -> str:
-    kind, source, asset = scenario.split("-")
+    kind, source, asset = parts(scenario)
     where = f"{SOURCES.get(source, source)}, {asset}"
     if kind == "cold":
         return f"Cold fetch, {where}"
     if kind == "latency":
         ms = meta.get("latency_s", 0.02) * 1000
         return f"Latency: cold fetch, {where}, {ms:g} ms before every response's first byte"
+    if kind == "second-trainjob":
+        return f"Second TrainJob: the same {asset} into a new workspace, {SOURCES.get(source)}"
+    if kind == "shards":
+        cap = meta.get("shard_cap_mib_s")
+        each = f", each shard behind its own {cap:g} MiB/s proxy" if cap else ""
+        return f"Sharding: one {asset} fetched by K processes of ours, {where}{each}"
     return scenario
 
 
+def fmt_bytes(n: float) -> str:
+    """``0 B``, ``7.0 KiB``, ``2,051.0 MiB``."""
+    if n < 1024:
+        return f"{n:.0f} B"
+    if n < MiB:
+        return f"{n / 1024:.1f} KiB"
+    return f"{n / MiB:,.1f} MiB"
+
+
 def _paired_table(scenario: str, rows: dict[str, Summary], meta: dict) -> list[str]:
-    asset = meta["assets"][scenario.split("-")[2]]
+    asset = meta["assets"][parts(scenario)[2]]
     lines = [
         f"### {title(scenario, meta)} ({asset['files']} files, {asset['bytes'] / MiB:,.0f} MiB)",
         "",
@@ -122,7 +143,9 @@ def _paired_table(scenario: str, rows: dict[str, Summary], meta: dict) -> list[s
     return [*lines, ""]
 
 
-def _targets(summary: dict[str, dict[str, Summary]], assets: dict) -> list[str]:
+def _targets(summary: dict[str, dict[str, Summary]], results: dict) -> list[str]:
+    assets = results["meta"]["assets"]
+
     def get(scenario: str, name: str) -> Summary | None:
         return summary.get(scenario, {}).get(name)
 
@@ -173,6 +196,8 @@ def _targets(summary: dict[str, dict[str, Summary]], assets: dict) -> list[str]:
         if s:
             share = s.data_mib * MiB / assets["model"]["bytes"]
             rows.append((f"{scenario}: rerun fetches ≤ 60%", f"{share:.0%}", share <= 0.60))
+    rows += _second_trainjob_targets(results["records"])
+    rows += _sharding_targets(results)
     lines = ["| target | measured | met |", "|---|---:|:---:|"]
     for what, value, met in rows:
         verdict = DASH if met is None else ("yes" if met else "**no**")
@@ -219,6 +244,198 @@ def _rerun_tables(summary: dict[str, dict[str, Summary]], assets: dict) -> list[
     return lines
 
 
+def _of(records: list[dict], scenario: str) -> dict[str, list[dict]]:
+    """One scenario's records by contender, in the order they ran."""
+    out: dict[str, list[dict]] = {}
+    for rec in records:
+        if rec["scenario"] == scenario:
+            out.setdefault(rec["contender"], []).append(rec)
+    return out
+
+
+def _scenarios(records: list[dict], kind: str) -> list[str]:
+    return list(dict.fromkeys(r["scenario"] for r in records if parts(r["scenario"])[0] == kind))
+
+
+# -- second TrainJob ---------------------------------------------------------------------------
+def _second_trainjob_targets(records: list[dict]) -> list[tuple[str, str, bool | None]]:
+    rows: list[tuple[str, str, bool | None]] = []
+    for scenario in _scenarios(records, "second-trainjob"):
+        ours = [r for r in _of(records, scenario).get("ours", []) if r["ok"]]
+        _kind, source, asset = parts(scenario)
+        what = (
+            f"second TrainJob, warm cache ({SOURCES[source]} {asset}): "
+            f"≤ {SECOND_TRAINJOB_GOAL_S:g} s, 0 bytes"
+        )
+        if not ours:
+            rows.append((what, "no run passed its check", False))
+            continue
+        wall = statistics.median(r["wall_s"] for r in ours)
+        fetched = max(r["data_bytes"] for r in ours)
+        value = f"{wall:.2f} s (median), {fmt_bytes(fetched)} of file data (most of any run)"
+        rows.append((what, value, wall <= SECOND_TRAINJOB_GOAL_S and fetched == 0))
+    return rows
+
+
+def _second_trainjob_table(scenario: str, results: dict) -> list[str]:
+    meta, records = results["meta"], results["records"]
+    asset = meta["assets"][parts(scenario)[2]]
+    by = _of(records, scenario)
+    every = [r for recs in by.values() for r in recs]
+    lines = [
+        f"### {title(scenario, meta)} ({asset['files']} files, {asset['bytes'] / MiB:,.0f} MiB)",
+        "",
+        "Ours with `CACHE_DIR`: the asset store was filled once, before the rounds, by one run "
+        "of ours; each run's `--output` is a new folder in a new, empty workspace, which ours "
+        "makes a link to the store's entry after listing the source and checking read access "
+        "(a HEAD: no body). The peers have no shared store: each run is their usual cold fetch "
+        "into the new workspace. Bytes are counted by nginx, for the measured run only.",
+        "",
+        "| contender | median wall (s) | file data fetched | all bytes served (listings, API, "
+        "HEADs) | requests | ours vs it: its time / ours, median of rounds "
+        f"(min{DASH}max) | CPU (s) | peak RSS (MiB) | runs ok |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+
+    def wall(name: str) -> float:
+        return statistics.median(r["wall_s"] for r in by[name])
+
+    for name in sorted(by, key=lambda n: (n != "ours", n in REFERENCES, wall(n))):
+        recs = by[name]
+        label = LABELS.get(name, name)
+        label = f"**{label}, warm asset store**" if name == "ours" else f"{label}, fresh fetch"
+        vs = "" if name == "ours" else fmt_ratio(ratios.paired_ratio(every, name))
+        med = statistics.median
+        asked = any(r["requests"] for r in recs)  # the disk copy asks nginx for nothing
+        fetched = fmt_bytes(med(r["data_bytes"] for r in recs)) if asked else DASH
+        served = fmt_bytes(med(r.get("served_bytes", 0) for r in recs)) if asked else DASH
+        lines.append(
+            f"| {label} | {wall(name):.2f} | {fetched} | {served} "
+            f"| {med(r['requests'] for r in recs):.0f} | {vs} "
+            f"| {med(r['cpu_s'] for r in recs):.1f} "
+            f"| {max(r['peak_rss_mib'] for r in recs):,.0f} "
+            f"| {sum(r['ok'] for r in recs)}/{len(recs)} |"
+        )
+    return [*lines, ""]
+
+
+# -- sharding ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ShardFigures:
+    """One sharding variant over the rounds."""
+
+    name: str
+    shards: int
+    cap_mib_s: float | None
+    runs: list[dict]  # in round order
+    aggregate: list[float]  # MiB/s of each passing run
+    scaling: ratios.PairedRatio | None  # aggregate(K) / (K x aggregate(1)), per round
+
+
+def shard_figures(scenario: str, results: dict) -> list[ShardFigures]:
+    """The variants of one sharding scenario, fewest shards first, the uncapped one last."""
+    total = results["meta"]["assets"][parts(scenario)[2]]["bytes"] / MiB
+    by = _of(results["records"], scenario)
+    one = {
+        r["run"]: r
+        for recs in by.values()
+        for r in recs
+        if r.get("shards") == 1 and r.get("cap_mib_s") and r["ok"]
+    }
+    out = []
+    for name, recs in by.items():
+        count, cap = recs[0].get("shards") or 1, recs[0].get("cap_mib_s")
+        passed = [r for r in recs if r["ok"] and r["wall_s"] > 0]
+        scaling = None
+        if cap and count > 1:
+            per_round = [
+                one[r["run"]]["wall_s"] / (count * r["wall_s"]) for r in passed if r["run"] in one
+            ]
+            scaling = ratios.summarize(per_round)
+        out.append(
+            ShardFigures(name, count, cap, recs, [total / r["wall_s"] for r in passed], scaling)
+        )
+    return sorted(out, key=lambda f: (f.cap_mib_s is None, f.shards))
+
+
+def _sharding_targets(results: dict) -> list[tuple[str, str, bool | None]]:
+    rows: list[tuple[str, str, bool | None]] = []
+    for scenario in _scenarios(results["records"], "shards"):
+        for f in shard_figures(scenario, results):
+            if f.cap_mib_s is None or f.shards == 1:
+                continue
+            what = f"sharding: aggregate ≥ {SHARDING_GOAL:g} {TIMES} K {TIMES} one capped shard"
+            met = None if f.scaling is None else f.scaling.median >= SHARDING_GOAL
+            rows.append((f"{what}, K={f.shards}", fmt_ratio(f.scaling), met))
+    return rows
+
+
+def _range(values: list[float], digits: int = 1) -> str:
+    """``median (min-max)`` (with an en dash), or a dash."""
+    if not values:
+        return DASH
+    med, low, high = statistics.median(values), min(values), max(values)
+    return f"{med:,.{digits}f} ({low:,.{digits}f}{DASH}{high:,.{digits}f})"
+
+
+def _shards_table(scenario: str, results: dict) -> list[str]:
+    meta = results["meta"]
+    asset = meta["assets"][parts(scenario)[2]]
+    cpus = meta["machine"].get("cpus", 1) or 1
+    figures = shard_figures(scenario, results)
+    lines = [
+        f"### {title(scenario, meta)} ({asset['files']} files, {asset['bytes'] / MiB:,.0f} MiB)",
+        "",
+        "Each K: K processes of ours (`SHARDS=K`, `JOB_COMPLETION_INDEX=i`, one `--output`) "
+        "started together, each shard's `ENDPOINT` its own proxy in front of nginx; wall time "
+        "until the last one exits; the tree and its one manifest checked after every run. "
+        "Aggregate = the asset's bytes over that wall time. The scaling column is, round by "
+        f"round, aggregate(K) / (K {TIMES} aggregate(1)): 1 is perfect scaling.",
+        "",
+        "| shards (K) | cap per shard | median wall (s) | aggregate MiB/s, median (min"
+        f"{DASH}max) | per shard (MiB/s) | aggregate(K) / (K {TIMES} aggregate(1)), median of "
+        f"rounds (min{DASH}max) | proxies' CPU (% of one CPU) | CPU of ours + proxies + nginx "
+        f"(% of {cpus} CPUs) | peak RSS (MiB) | file data fetched (MiB) | runs ok |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    med = statistics.median
+    for f in figures:
+        recs = f.runs
+        walls = [r["wall_s"] for r in recs]
+        proxy = [100 * r["proxy_cpu_s"] / r["wall_s"] for r in recs if r.get("proxy_cpu_s")]
+        path = [100 * r["path_cpu_s"] / (r["wall_s"] * cpus) for r in recs if r.get("path_cpu_s")]
+        cap = DASH + " (no cap, reference)" if f.cap_mib_s is None else f"{f.cap_mib_s:g} MiB/s"
+        per_shard = DASH if not f.aggregate else f"{med(f.aggregate) / f.shards:,.1f}"
+        scaling = DASH if f.cap_mib_s is None or f.shards == 1 else fmt_ratio(f.scaling)
+        lines.append(
+            f"| {f.shards} | {cap} | {med(walls):.2f} | {_range(f.aggregate)} | {per_shard} "
+            f"| {scaling} | {_range(proxy, 0)} | {_range(path, 0)} "
+            f"| {max(r['peak_rss_mib'] for r in recs):,.0f} "
+            f"| {med(r['data_bytes'] for r in recs) / MiB:,.1f} "
+            f"| {sum(r['ok'] for r in recs)}/{len(recs)} |"
+        )
+    lines.append("")
+    capped = {f.shards: f for f in figures if f.cap_mib_s and f.aggregate}
+    free = next((f for f in figures if f.cap_mib_s is None and f.aggregate), None)
+    if free is not None and free.shards in capped:
+        uncapped, limited = med(free.aggregate), capped[free.shards]
+        caps = free.shards * (limited.cap_mib_s or 0)
+        headroom = uncapped / caps
+        verdict = (
+            "so at the cap the shared nginx, the proxies and the CPUs are not what bounds the "
+            "shards: the cap is"
+            if headroom >= 1.5
+            else "too close to the cap to call the CPUs idle: the scaling above may be understated"
+        )
+        lines += [
+            f"Without the cap, the same {free.shards} processes through the same kind of proxies "
+            f"reach {uncapped:,.0f} MiB/s (median), {headroom:.1f}{TIMES} the {free.shards} caps "
+            f"together ({caps:g} MiB/s), {verdict}.",
+            "",
+        ]
+    return lines
+
+
 def _commit_line(meta: dict) -> str:
     info = meta.get("commit")
     if not info:  # results saved before the commit was recorded
@@ -260,7 +477,7 @@ def markdown(results: dict) -> str:
         "faster):",
         "the median of the rounds, then the lowest and highest round.",
         "",
-        *_targets(summary, assets),
+        *_targets(summary, results),
         "## Results",
         "",
     ]
@@ -269,6 +486,12 @@ def markdown(results: dict) -> str:
             if scenario.startswith(kind + "-"):
                 lines += _paired_table(scenario, summary[scenario], meta)
     lines += _rerun_tables(summary, assets)
+    for scenario in summary:
+        if parts(scenario)[0] == "second-trainjob":
+            lines += _second_trainjob_table(scenario, results)
+    for scenario in summary:
+        if parts(scenario)[0] == "shards":
+            lines += _shards_table(scenario, results)
     lines.append(
         method(
             nginx=m["versions"]["nginx"],
@@ -276,6 +499,8 @@ def markdown(results: dict) -> str:
             ds_files=assets["dataset"]["files"],
             scale=meta["scale"],
             rounds=rounds,
+            shard_cap_mib_s=meta.get("shard_cap_mib_s", 20.0),
+            cpus=m["cpus"],
         )
     )
     return "\n".join(lines)

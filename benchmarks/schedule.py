@@ -8,6 +8,8 @@ peers' order rotates from round to round, so no contender always follows the sam
 
 Without ours among the contenders, with ours alone, and for the rerun scenarios (whose figures
 are absolute, not ratios), every contender runs once per round, interleaved (A B C, B C A, ...).
+The sharding scenario's variants (K = 1, 2, 4 shards) run forwards and backwards in turn
+(A B C, C B A, ...), so each K is as often early as late in a round.
 """
 
 from __future__ import annotations
@@ -17,6 +19,12 @@ from dataclasses import dataclass
 ANCHOR = "ours"
 # Scenario kinds whose figures are ratios, run in pairs; the others (reruns) are interleaved.
 PAIRED_KINDS = ("cold", "latency")
+
+
+def parts(scenario: str) -> tuple[str, str, str]:
+    """(kind, source, asset) of a scenario name; the kind may hold a dash (second-trainjob)."""
+    kind, source, asset = scenario.rsplit("-", 2)
+    return kind, source, asset
 
 
 @dataclass(frozen=True)
@@ -49,4 +57,13 @@ def paired(names: list[str], rounds: int, anchor: str = ANCHOR) -> list[Slot]:
             anchor_first = (r + peers.index(peer)) % 2 == 0
             order = (anchor, peer) if anchor_first else (peer, anchor)
             out += [Slot(r, name, pair=peer) for name in order]
+    return out
+
+
+def alternating(names: list[str], rounds: int) -> list[Slot]:
+    """Every name once per round, in order on even rounds and reversed on odd ones."""
+    out: list[Slot] = []
+    for r in range(rounds):
+        order = names if r % 2 == 0 else names[::-1]
+        out += [Slot(r, name) for name in order]
     return out

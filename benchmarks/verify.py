@@ -3,14 +3,18 @@
 Files up to 4 MiB are compared whole with the source; larger ones in five 1 MiB windows (start,
 end and three seeded offsets), which catches a misplaced or missing part without re-reading
 gigabytes after every run. Clients' own bookkeeping (``.cache/huggingface/``, the initializer's
-manifest and lock) is allowed; anything else extra — a leftover ``.part`` file, a skipped file
-that was fetched — is an error.
+manifest and lock, a cache entry's record, the sharded runs' per-shard locks) is allowed;
+anything else extra — a leftover ``.part`` file, a skipped file that was fetched, a shard plan
+left behind — is an error. ``check_manifest`` checks ours' manifest itself: one, listing exactly
+the expected files and sizes (the sharded runs write it once, from the last shard to finish).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import re
 from pathlib import Path
 
 from benchmarks.fixtures import Fixture
@@ -18,7 +22,9 @@ from benchmarks.fixtures import Fixture
 MiB = 1 << 20
 WHOLE_LIMIT = 4 * MiB
 ALLOWED_EXTRA_PREFIXES = (".cache/huggingface/",)
-ALLOWED_EXTRA = {".initializer-manifest.json", ".initializer.lock"}
+MANIFEST = ".initializer-manifest.json"
+ALLOWED_EXTRA = {MANIFEST, ".initializer.lock", ".initializer-cache.json"}
+ALLOWED_EXTRA_PATTERN = re.compile(r"\.initializer-shard-\d+\.lock")
 
 
 def _files(dest: Path) -> dict[str, int]:
@@ -58,7 +64,9 @@ def check(dest: Path, fixture: Fixture, asset: str) -> list[str]:
     extra = sorted(
         rel
         for rel in set(found) - set(expected)
-        if rel not in ALLOWED_EXTRA and not rel.startswith(ALLOWED_EXTRA_PREFIXES)
+        if rel not in ALLOWED_EXTRA
+        and not rel.startswith(ALLOWED_EXTRA_PREFIXES)
+        and not ALLOWED_EXTRA_PATTERN.fullmatch(rel)
     )
     if extra:
         problems.append(f"{len(extra)} unexpected file(s) (e.g. {extra[0]})")
@@ -72,3 +80,23 @@ def check(dest: Path, fixture: Fixture, asset: str) -> list[str]:
         if len(problems) > 5:
             break
     return problems
+
+
+def check_manifest(dest: Path, fixture: Fixture, asset: str) -> list[str]:
+    """Problems with ours' manifest in ``dest``: missing, unreadable, or not exactly the
+    expected files with their sizes."""
+    path = dest / MANIFEST
+    try:
+        files = json.loads(path.read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return [f"no readable manifest ({type(exc).__name__}: {exc})"]
+    expected = {rel: o.size for rel, o in fixture.expected(asset).items()}
+    listed = {rel: entry.get("size") for rel, entry in files.items()}
+    if listed == expected:
+        return []
+    missing, extra = set(expected) - set(listed), set(listed) - set(expected)
+    wrong = sorted(rel for rel in set(expected) & set(listed) if expected[rel] != listed[rel])
+    return [
+        f"manifest: {len(missing)} file(s) missing, {len(extra)} extra, {len(wrong)} of the "
+        "wrong size"
+    ]

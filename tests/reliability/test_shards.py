@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import random
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -106,31 +107,32 @@ def test_k_shards_started_together_build_one_tree_with_one_manifest_fetching_eac
 def test_shards_killed_at_random_points_and_restarted_end_byte_identical(
     bucket, s3_endpoint, proxies, launch, tmp_path
 ):
+    count = 3
     files = a_dataset(90)
-    files["big.bin"] = dataset(91, {"x": 40 * MIB})["x"]
+    # One 12 MiB file per share at 1.5 MiB/s a connection: every shard runs for 8 s or more,
+    # so each kill below lands mid-fetch, whichever shard it picks.
+    files.update(dataset(91, {f"big-{i}.bin": 12 * MIB for i in range(count)}))
     fill(bucket, "d", files)
-    proxy = proxies(s3_endpoint, rate=4 * MIB)  # per connection: slow enough to kill mid-way
+    proxy = proxies(s3_endpoint, rate=1.5 * MIB)
     out = tmp_path / "shared-volume"
     rng = random.Random(92)
-    count = 3
     runs = {
         i: launch("dataset", env=shard_env(bucket, proxy.url, out, count, i)) for i in range(count)
     }
     kills = 0
     for _ in range(4):  # kill a random shard at a random moment, then restart it (the Job would)
         victim = rng.randrange(count)
-        runs[victim].wait_for("shard ")
         live = runs[victim]
-        try:
-            live.finish(timeout=rng.uniform(0.3, 1.5))
-        except AssertionError:  # still running: the timeout killed it, as SIGKILL would
-            kills += 1
+        live.wait_for("fetching ")
+        time.sleep(rng.uniform(0.2, 1.5))
+        assert live.proc.poll() is None, live.stderr  # still fetching: the kill is mid-way
+        live.kill()
+        kills += 1
         runs[victim] = launch("dataset", env=shard_env(bucket, proxy.url, out, count, victim))
 
     codes = [run.finish() for run in runs.values()]
 
     assert codes == [0] * count, [r.stderr for r in runs.values()]
-    assert kills >= 1
     FIGURES["SIGKILLs survived"] += kills
     assert_identical(out, files)
     assert set(one_manifest(out)["files"]) == set(files)

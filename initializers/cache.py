@@ -221,10 +221,10 @@ class AssetCache:
         if not lock.try_acquire():
             return "an initializer"
         lock.release()
-        readers = _try_exclusive(self.entries_dir / f"{name}.readers")
-        if readers is None:
+        readers = FileLock(self.entries_dir / f"{name}.readers")
+        if not readers.try_acquire():
             return "a training"
-        os.close(readers)
+        readers.release()
         return ""
 
     def remove(self, name: str) -> bool:
@@ -237,21 +237,19 @@ class AssetCache:
         lock = FileLock(self.entries_dir / f"{name}.lock")
         if not lock.try_acquire():
             return False
-        readers_path = self.entries_dir / f"{name}.readers"
-        readers = _try_exclusive(readers_path)
+        readers = FileLock(self.entries_dir / f"{name}.readers")
         try:
-            if readers is None:
+            if not readers.try_acquire():
                 return False
             trash = self.root / TRASH
             self._ensure_real_dir(trash)
             doomed = trash / f"{name}.{secrets.token_hex(6)}"
             os.rename(self.entries_dir / name, doomed)
             lock.path.unlink(missing_ok=True)
-            readers_path.unlink(missing_ok=True)
+            readers.path.unlink(missing_ok=True)
         finally:
             lock.release()
-            if readers is not None:
-                os.close(readers)
+            readers.release()
         shutil.rmtree(doomed, ignore_errors=True)
         return True
 
@@ -278,18 +276,6 @@ def to_prune(
             chosen.append(entry)
             kept -= entry.size
     return chosen
-
-
-def _try_exclusive(path: Path) -> int | None:
-    """An fd holding an exclusive flock on ``path`` (absent: created), or None when shared or
-    exclusive holders exist."""
-    fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
 
 
 def hold_for_training(folder: Path) -> int | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import random
 import signal
 import subprocess
@@ -58,6 +59,25 @@ def dataset(seed: int, sizes: dict[str, int]) -> dict[str, bytes]:
 def fill(bucket: Bucket, prefix: str, files: dict[str, bytes]) -> None:
     for name, body in files.items():
         bucket.put(f"{prefix}/{name}", body)
+
+
+def one_manifest(out: Path) -> dict:
+    """The one manifest under ``out`` (no other, no leftover temporary), parsed."""
+    assert sorted(p.name for p in out.rglob(".initializer-manifest*")) == [
+        ".initializer-manifest.json"
+    ]
+    return json.loads((out / ".initializer-manifest.json").read_text())
+
+
+def assert_each_hub_file_served_once(hub: object, files: dict[str, bytes]) -> None:
+    """Each file's bytes left the Hub (API or CDN) in exactly one answered GET."""
+    for name in files:
+        served = [
+            r
+            for r in hub.requests  # type: ignore[attr-defined]
+            if r.method == "GET" and r.path.endswith(name) and r.status in (200, 206)
+        ]
+        assert len(served) == 1, (name, served)
 
 
 def is_object_get(request: Request) -> bool:

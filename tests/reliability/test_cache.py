@@ -21,6 +21,7 @@ from initializers.cachetool import parse_duration, parse_size
 from initializers.manifest import MANIFEST_NAME, find_problems
 from tests.reliability.conftest import (
     FIGURES,
+    assert_each_hub_file_served_once,
     assert_identical,
     dataset,
     fill,
@@ -226,13 +227,7 @@ def test_trainjobs_started_together_on_the_hub_fetch_each_file_once(
     assert [r.finish() for r in runs] == [0] * count, [r.stderr for r in runs]
     for n in range(count):
         assert_identical(tmp_path / f"job{n}" / "model", files)
-    for name in files:
-        served = [
-            r
-            for r in hub.requests
-            if r.method == "GET" and r.path.endswith(name) and r.status in (200, 206)
-        ]
-        assert len(served) == 1, (name, served)
+    assert_each_hub_file_served_once(hub, files)
 
 
 def test_a_new_hub_revision_gets_its_own_entry_beside_the_old_one(

@@ -6,7 +6,6 @@ arrive while the first holds the lock, whatever the machine's speed.
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 
@@ -18,18 +17,12 @@ from tests.reliability.conftest import (
     dataset,
     fill,
     is_object_get,
+    one_manifest,
     s3_env,
 )
 
 MIB = 1 << 20
 WAITING = "another initializer is working on"
-
-
-def one_manifest(out) -> dict:
-    assert sorted(p.name for p in out.rglob(".initializer-manifest*")) == [
-        ".initializer-manifest.json"
-    ]
-    return json.loads((out / ".initializer-manifest.json").read_text())
 
 
 def holder_and_waiter(launch, proxy, env: dict[str, str]) -> tuple[Live, Live]:

@@ -7,7 +7,6 @@ fetched once across all shards" is checked on what the server was asked for.
 
 from __future__ import annotations
 
-import json
 import random
 import signal
 import time
@@ -20,10 +19,12 @@ from initializers.shards import partition
 from initializers.sources.base import RemoteFile
 from tests.reliability.conftest import (
     FIGURES,
+    assert_each_hub_file_served_once,
     assert_identical,
     dataset,
     fill,
     is_object_get,
+    one_manifest,
     s3_env,
 )
 from tests.servers.faultproxy import Fault
@@ -49,13 +50,6 @@ def object_gets(proxy, bucket, files) -> dict[str, int]:
     return {
         name: proxy.seen[f"GET /{bucket.name}/d/{name}"] for name, body in files.items() if body
     }
-
-
-def one_manifest(out: Path) -> dict:
-    assert sorted(p.name for p in out.rglob(".initializer-manifest*")) == [
-        ".initializer-manifest.json"
-    ]
-    return json.loads((out / ".initializer-manifest.json").read_text())
 
 
 def files_of(sizes: dict[str, int]) -> list[RemoteFile]:
@@ -281,10 +275,4 @@ def test_two_shards_fetch_a_hub_model_once(hub, launch, tmp_path):
     assert [run.finish() for run in runs] == [0, 0], [r.stderr for r in runs]
     assert_identical(out, files)
     assert set(one_manifest(out)["files"]) == set(files)
-    for name in files:
-        served = [
-            r
-            for r in hub.requests
-            if r.method == "GET" and r.path.endswith(name) and r.status in (200, 206)
-        ]
-        assert len(served) == 1, (name, served)
+    assert_each_hub_file_served_once(hub, files)

@@ -43,7 +43,7 @@ from initializers.errors import (
     LocalStorageError,
 )
 from initializers.filejob import CHECKPOINT, FileJob, interleaved
-from initializers.fsutil import ensure_dir_inside, fsync_dir, start_writeback
+from initializers.fsutil import fsync_dir, make_room_for, start_writeback
 from initializers.journal import CommitLog
 from initializers.manifest import (
     FileRecord,
@@ -247,19 +247,15 @@ class Engine:
         return removed
 
     def _plan_jobs(self, todo: list[RemoteFile]) -> list[FileJob]:
+        """A job per file, largest first (the shortest tail). A resumable file's folder is
+        readied now, as its .part is looked at; the others' wait for their first write."""
+        made: set[Path] = set()  # this run's folders, created or checked once (per process)
+        room = partial(make_room_for, self.dest, made=made, where="the source")
         jobs = []
-        made: set[Path] = set()
-        for remote in sorted(todo, key=lambda f: -f.size):  # largest first: shortest tail
-            final = self.dest / remote.path
-            if final.parent not in made:
-                ensure_dir_inside(self.dest, final.parent)
-                made.add(final.parent)
-            if final.is_symlink() or final.is_dir():
-                raise LocalStorageError(
-                    f"{final} is a symlink or a folder where the source has "
-                    "a file; remove it and rerun"
-                )
-            job = FileJob(remote, final)
+        for remote in sorted(todo, key=lambda f: -f.size):
+            job = FileJob(remote, self.dest / remote.path, room)
+            if job.resumable:
+                job.open_room()
             job.plan()
             jobs.append(job)
         return jobs
@@ -329,6 +325,10 @@ class Engine:
         finish = self._commit
 
         def run_range(job: FileJob, start: int, end: int) -> None:
+            try:
+                job.open_room()  # before the request: what is planted after it is replaced
+            except OSError as exc:
+                raise storage_error(exc, job.final) from None
             self._fetch_range(job, start, end)
             if job.range_finished():
                 finish(job)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from itertools import zip_longest
 from pathlib import Path
 
@@ -30,9 +30,15 @@ CHECKPOINT = 4 * MIB  # journal granularity: at most this much is refetched per 
 class FileJob:
     """One file being fetched: its .part, its journal, and the ranges still to do."""
 
-    def __init__(self, remote: RemoteFile, final: Path) -> None:
+    def __init__(
+        self, remote: RemoteFile, final: Path, make_room: Callable[[Path], None] | None = None
+    ) -> None:
         self.remote = remote
         self.final = final
+        # Readies the folder and refuses a symlink at ``final``: run by the worker that opens the
+        # .part first, so thousands of files cost the run's start nothing (the start waited
+        # ~0.3 s for them on the benchmark's dataset) and the checks overlap the transfers.
+        self._make_room = make_room
         self.part = part_path(final)
         self.journal = RangeJournal(
             journal_path(final), {"size": remote.size, "version": remote.version}
@@ -66,11 +72,18 @@ class FileJob:
         self.ranges = [r for start, end in missing for r in split(start, end)]
         self._pending = len(self.ranges)
 
+    def open_room(self) -> None:
+        """Ready the folder and check the final name (once)."""
+        if self._make_room is not None:
+            self._make_room(self.final)
+            self._make_room = None
+
     def open(self) -> int:
         """The .part's descriptor, opened by whichever worker needs it first."""
         with self._lock:
             if self.fd is None:
                 flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW
+                self.open_room()
                 try:
                     self.fd = os.open(self.part, flags | (0 if self._resume else os.O_TRUNC), 0o644)
                     os.ftruncate(self.fd, self.remote.size)

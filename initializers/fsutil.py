@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import stat
 import unicodedata
 from collections.abc import Callable
 from pathlib import Path
@@ -59,12 +60,20 @@ def journal_path(final: Path) -> Path:
     return final.with_name(f".{final.name}{JOURNAL_SUFFIX}")
 
 
-def ensure_dir_inside(dest: Path, folder: Path) -> None:
-    """Create ``folder`` (under ``dest``) without following a symlink planted on the way."""
+def ensure_dir_inside(dest: Path, folder: Path, made: set[Path] | None = None) -> None:
+    """Create ``folder`` (under ``dest``) without following a symlink planted on the way.
+
+    Folders in ``made`` (this run's, checked already) are skipped, and those created or checked
+    here are added: a dataset's 2,000 files in 120 folders then cost 120 ``mkdir`` calls, not
+    one per file and ancestor."""
+    if made is not None and folder in made:
+        return
     rel = folder.relative_to(dest)
     current = dest
     for part in rel.parts:
         current = current / part
+        if made is not None and current in made:
+            continue
         try:
             os.mkdir(current)
         except FileExistsError:
@@ -73,6 +82,22 @@ def ensure_dir_inside(dest: Path, folder: Path) -> None:
                     f"{current} exists and is not a plain folder (a symlink or a file); "
                     "remove it or choose another --output"
                 ) from None
+        if made is not None:
+            made.add(current)
+
+
+def make_room_for(dest: Path, final: Path, made: set[Path] | None, where: str) -> None:
+    """Get ``final``'s folder ready, and refuse a symlink or folder standing at ``final``
+    (``where``: "the source", "the archive" — who has a file there)."""
+    ensure_dir_inside(dest, final.parent, made)
+    try:
+        mode = os.lstat(final).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(mode) or stat.S_ISDIR(mode):
+        raise LocalStorageError(
+            f"{final} is a symlink or a folder where {where} has a file; remove it and rerun"
+        )
 
 
 def _load_sync_file_range() -> Callable[[int, int, int], None]:

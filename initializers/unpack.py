@@ -38,8 +38,8 @@ from initializers.engine import Engine, Outcome
 from initializers.errors import IntegrityError, Interrupted, LocalStorageError
 from initializers.fsutil import (
     UnsafePathError,
-    ensure_dir_inside,
     fsync_dir,
+    make_room_for,
     part_path,
     safe_relpath,
 )
@@ -223,11 +223,7 @@ def _write_member(
     stop: threading.Event,
 ) -> None:
     final = dest / name
-    ensure_dir_inside(dest, final.parent)
-    if final.is_symlink() or final.is_dir():
-        raise LocalStorageError(
-            f"{final} is a symlink or a folder where the archive has a file; remove it and rerun"
-        )
+    make_room_for(dest, final, None, "the archive")
     part = part_path(final)
     try:
         fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)

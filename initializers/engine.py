@@ -248,7 +248,7 @@ class Engine:
 
     def _plan_jobs(self, todo: list[RemoteFile]) -> list[FileJob]:
         """A job per file, largest first (the shortest tail). A resumable file's folder is
-        readied now, as its .part is looked at; the others' wait for their first write."""
+        readied now, as its .part is looked at; the others' wait for their first request."""
         made: set[Path] = set()  # this run's folders, created or checked once (per process)
         room = partial(make_room_for, self.dest, made=made, where="the source")
         jobs = []

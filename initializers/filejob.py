@@ -35,9 +35,10 @@ class FileJob:
     ) -> None:
         self.remote = remote
         self.final = final
-        # Readies the folder and refuses a symlink at ``final``: run by the worker that opens the
-        # .part first, so thousands of files cost the run's start nothing (the start waited
-        # ~0.3 s for them on the benchmark's dataset) and the checks overlap the transfers.
+        # Readies the folder and refuses a symlink at ``final``: run by the worker that takes the
+        # file, before its first request (or its first open, for an empty file), so thousands of
+        # files cost the run's start nothing (the start waited ~0.3 s for them on the
+        # benchmark's dataset) and the checks overlap the transfers.
         self._make_room = make_room
         self.part = part_path(final)
         self.journal = RangeJournal(

@@ -255,7 +255,7 @@ class Engine:
         for remote in sorted(todo, key=lambda f: -f.size):
             job = FileJob(remote, self.dest / remote.path, room)
             if job.resumable:
-                job.open_room()
+                job.make_room()
             job.plan()
             jobs.append(job)
         return jobs
@@ -325,10 +325,7 @@ class Engine:
         finish = self._commit
 
         def run_range(job: FileJob, start: int, end: int) -> None:
-            try:
-                job.open_room()  # before the request: what is planted after it is replaced
-            except OSError as exc:
-                raise storage_error(exc, job.final) from None
+            job.make_room()  # before the request: what is planted after it is replaced
             self._fetch_range(job, start, end)
             if job.range_finished():
                 finish(job)

@@ -31,7 +31,7 @@ class FileJob:
     """One file being fetched: its .part, its journal, and the ranges still to do."""
 
     def __init__(
-        self, remote: RemoteFile, final: Path, make_room: Callable[[Path], None] | None = None
+        self, remote: RemoteFile, final: Path, room: Callable[[Path], None] | None = None
     ) -> None:
         self.remote = remote
         self.final = final
@@ -39,7 +39,7 @@ class FileJob:
         # file, before its first request (or its first open, for an empty file), so thousands of
         # files cost the run's start nothing (the start waited ~0.3 s for them on the
         # benchmark's dataset) and the checks overlap the transfers.
-        self._make_room = make_room
+        self._room = room
         self.part = part_path(final)
         self.journal = RangeJournal(
             journal_path(final), {"size": remote.size, "version": remote.version}
@@ -73,18 +73,21 @@ class FileJob:
         self.ranges = [r for start, end in missing for r in split(start, end)]
         self._pending = len(self.ranges)
 
-    def open_room(self) -> None:
+    def make_room(self) -> None:
         """Ready the folder and check the final name (once)."""
-        if self._make_room is not None:
-            self._make_room(self.final)
-            self._make_room = None
+        if self._room is not None:
+            try:
+                self._room(self.final)
+            except OSError as exc:
+                raise storage_error(exc, self.final) from None
+            self._room = None
 
     def open(self) -> int:
         """The .part's descriptor, opened by whichever worker needs it first."""
         with self._lock:
             if self.fd is None:
                 flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW
-                self.open_room()
+                self.make_room()
                 try:
                     self.fd = os.open(self.part, flags | (0 if self._resume else os.O_TRUNC), 0o644)
                     os.ftruncate(self.fd, self.remote.size)

@@ -223,7 +223,10 @@ def _write_member(
     stop: threading.Event,
 ) -> None:
     final = dest / name
-    make_room_for(dest, final, None, "the archive")
+    try:
+        make_room_for(dest, final, None, "the archive")
+    except OSError as exc:
+        raise storage_error(exc, final) from None
     part = part_path(final)
     try:
         fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ctypes
+import errno
+import fcntl
 import os
 import stat
 import unicodedata
@@ -147,16 +149,49 @@ def fsync_dir(folder: Path) -> None:
 
 
 def atomic_write_bytes(target: Path, data: bytes) -> None:
-    """Write ``data`` to ``target`` so readers see the old file or the whole new one."""
-    # One fixed name (writers hold the destination lock): a write killed midway leaves no
-    # litter, the next write replaces it.
+    """Write ``data`` to ``target`` so readers see the old file or the whole new one.
+
+    Safe with concurrent writers (the shards of one cache entry record its use together): they
+    take turns on one temporary name, locked while it is written and renamed. One fixed name
+    means a write killed midway leaves no litter the next write does not reuse.
+    """
     tmp = target.with_name(f".{target.name}.tmp")
-    tmp.unlink(missing_ok=True)  # a leftover, or a symlink planted there: never followed
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, target)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    while True:
+        try:
+            fd = os.open(tmp, flags, 0o644)
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.ENXIO):
+                raise
+            tmp.unlink(missing_ok=True)  # a symlink or a pipe planted there: never followed, never waited on
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            state = _temporary_state(fd, tmp)
+            if state == "ours":
+                os.ftruncate(fd, 0)
+                with open(fd, "wb", closefd=False) as out:
+                    out.write(data)
+                os.fsync(fd)
+                os.replace(tmp, target)
+                break
+            if state == "planted":
+                tmp.unlink(missing_ok=True)
+            # "renamed": the writer before us finished with it; start again on a new file
+        finally:
+            os.close(fd)
     fsync_dir(target.parent)
+
+
+def _temporary_state(fd: int, path: Path) -> str:
+    """``ours`` when ``path`` still names the open regular file ``fd`` and nothing else does,
+    ``renamed`` when it no longer names it, ``planted`` for a device or a hard link to another
+    file, which must be unlinked, never written through."""
+    try:
+        here = os.lstat(path)
+    except FileNotFoundError:
+        return "renamed"
+    opened = os.fstat(fd)
+    if (here.st_dev, here.st_ino) != (opened.st_dev, opened.st_ino):
+        return "renamed"
+    return "ours" if stat.S_ISREG(opened.st_mode) and opened.st_nlink == 1 else "planted"

@@ -6,9 +6,12 @@ arrive while the first holds the lock, whatever the machine's speed.
 
 from __future__ import annotations
 
+import multiprocessing
 import signal
 import time
+from pathlib import Path
 
+from initializers.fsutil import atomic_write_bytes
 from initializers.manifest import find_problems
 from tests.reliability.conftest import (
     FIGURES,
@@ -99,3 +102,23 @@ def test_sigterm_while_waiting_for_the_lock_exits_143_promptly(
     proxy.release()
     assert first.finish() == 0, first.stderr
     assert_identical(out, files)
+
+
+def _write_records(target: Path, writer: int, rounds: int) -> None:
+    for round_ in range(rounds):
+        atomic_write_bytes(target, bytes([writer]) * 50_000 + round_.to_bytes(4, "big"))
+
+
+def test_writers_recording_one_file_together_all_succeed_and_leave_one_whole_file(tmp_path):
+    # The shards of one cache entry record its use at the same moment, under a shared lock.
+    target = tmp_path / ".initializer-cache.json"
+    context = multiprocessing.get_context("fork")
+    writers = [context.Process(target=_write_records, args=(target, n, 200)) for n in range(1, 5)]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join(60)
+    assert [w.exitcode for w in writers] == [0, 0, 0, 0]
+    body = target.read_bytes()
+    assert len(body) == 50_004 and body[:50_000] == body[:1] * 50_000
+    assert sorted(p.name for p in tmp_path.iterdir()) == [target.name]

@@ -175,6 +175,25 @@ def test_a_symlink_planted_at_a_manifest_name_is_replaced_never_followed(
     assert_identical(out, {"f.txt": b"x"})
 
 
+@pytest.mark.parametrize("kind", ["hard link", "named pipe"])
+def test_a_hard_link_or_pipe_planted_at_the_manifest_temporary_name_is_replaced_not_written(
+    kind, bucket, run_initializer, tmp_path, outside
+):
+    fill(bucket, "d", {"f.txt": b"x"})
+    out = tmp_path / "dest"
+    out.mkdir()
+    planted = out / MANIFEST_NAMES[1]
+    if kind == "hard link":
+        os.link(outside / "precious.txt", planted)
+    else:
+        os.mkfifo(planted)  # opened for writing, it would block the run forever
+    result = run_initializer("dataset", env=s3_env(bucket, bucket.endpoint, "d", out))
+    assert result.code == 0, result.output
+    assert untouched(outside)
+    assert not planted.exists()
+    assert_identical(out, {"f.txt": b"x"})
+
+
 def test_a_symlink_planted_at_a_final_name_during_the_fetch_is_replaced_not_followed(
     bucket, s3_endpoint, proxies, launch, tmp_path, outside
 ):

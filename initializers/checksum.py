@@ -1,11 +1,11 @@
 """Digests the sources announce, computed while a file streams in or from its bytes on disk.
 
 Hex digests (``md5``, ``sha1``, ``sha256``, ``git-sha1``) are what ETags and the Hub's oids
-carry; the S3 additional checksums (``s3-crc32``, ``s3-crc32c``, ``s3-sha1``, ``s3-sha256``,
-``s3-crc64nvme``) are base64 of the big-endian digest, as S3 returns them; ``crc32c`` (GCS's)
-and ``md5-base64`` (GCS's ``md5Hash``, Azure's ``Content-MD5``) are encoded the same way. CRC32C
-and CRC64NVME need awscrt; without it they are reported unsupported and only the size is
-verified.
+carry (``sha384`` and ``sha512`` too, for what an https:// URL pins); the S3 additional
+checksums (``s3-crc32``, ``s3-crc32c``, ``s3-sha1``, ``s3-sha256``, ``s3-crc64nvme``) are
+base64 of the big-endian digest, as S3 returns them; ``crc32c`` (GCS's) and ``md5-base64``
+(GCS's ``md5Hash``, Azure's ``Content-MD5``) are encoded the same way. CRC32C and CRC64NVME need
+awscrt; without it they are reported unsupported and only the size is verified.
 
 Where a source announces several digests of one file (a GCS object's crc32c and md5Hash), they
 are one checksum to the engine, verified all at once in the same pass over the bytes: the
@@ -116,7 +116,7 @@ def _factory(algorithm: str, size: int = 0) -> Callable[[], Digest] | None:
         if len(made) < len(parts):
             return None  # one cannot be computed here: a source offers only the ones that can
         return lambda: _AllOf([make() for make in made])
-    if algorithm in ("md5", "sha1", "sha256"):
+    if algorithm in ("md5", "sha1", "sha256", "sha384", "sha512"):
         return lambda: _Hashlib(algorithm, b64=False)
     if algorithm == "git-sha1":
         return lambda: _GitBlob(size)

@@ -179,8 +179,8 @@ OPTIONS: tuple[Option, ...] = (
         "--storage-uri",
         ("STORAGE_URI",),
         "what to fetch: hf://[datasets/]org/repo[@revision][/path], s3://bucket/prefix, "
-        "gs://bucket/prefix, az://container/prefix, https://host/file[.tar.gz|.zip], "
-        "file:///folder",
+        "gs://bucket/prefix, az://container/prefix, https://host/file[.tar.gz|.zip] (a "
+        "#sha256=<hex> fragment pins its content), file:///folder",
     ),
     Option("output", "--output", ("OUTPUT_PATH",), "destination folder", Path),
     Option(

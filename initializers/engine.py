@@ -1,11 +1,12 @@
 """The transfer engine: one implementation of fetching, for every source and both assets.
 
-Given the files a source lists, it decides what is already in place (planning), fetches the rest
-in parallel byte ranges (fan-out; bounded memory: one 1 MiB chunk in flight per worker),
-verifies size and checksum, hands verified files to the group commit, and writes the manifest
-last. The other roles live beside it: one file's state in :mod:`initializers.filejob`, batched
-durable renames in :mod:`initializers.commits`, the destination's lock and write errors in
-:mod:`initializers.destination`, worker processes in :mod:`initializers.processes`.
+Given the files a source lists, it decides what is already in place (planning), fans the rest
+out over worker threads and forked processes in parallel byte ranges (bounded memory: one 1 MiB
+chunk in flight per worker), and writes the manifest last. The other roles live beside it: one
+file's fetch, verification and hand-off to commit in :mod:`initializers.fetching`, its state on
+disk in :mod:`initializers.filejob`, batched durable renames in :mod:`initializers.commits`, the
+destination's lock and write errors in :mod:`initializers.destination`, worker processes in
+:mod:`initializers.processes`.
 
 On disk, under the destination::
 
@@ -32,18 +33,13 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
-from initializers import checksum as checksums
 from initializers import processes
-from initializers.commits import GroupCommit, Verified
+from initializers.commits import GroupCommit
 from initializers.destination import FileLock, destination_lock, inside, storage_error
-from initializers.errors import (
-    InitializerError,
-    IntegrityError,
-    Interrupted,
-    LocalStorageError,
-)
-from initializers.filejob import CHECKPOINT, FileJob, interleaved
-from initializers.fsutil import fsync_dir, make_room_for, start_writeback
+from initializers.errors import InitializerError, Interrupted, LocalStorageError
+from initializers.fetching import Cancelled, FileFetcher
+from initializers.filejob import FileJob, interleaved
+from initializers.fsutil import fsync_dir, make_room_for
 from initializers.journal import CommitLog
 from initializers.manifest import (
     FileRecord,
@@ -63,10 +59,6 @@ from initializers.sources.base import RemoteFile, Source
 log = logging.getLogger(__name__)
 
 MIB = 1 << 20
-
-
-class Cancelled(Exception):
-    """Raised inside workers once the run is stopping (another failure, or SIGTERM)."""
 
 
 @dataclass
@@ -128,7 +120,6 @@ class Engine:
         self.label = label
         self.progress_interval = progress_interval
         self._commits = CommitLog(dest, share.commit_log_name) if share else CommitLog(dest)
-        self._group = GroupCommit(dest, self._commits)  # one per run of jobs (per process)
         self._progress = Progress(0, 0, 0)
 
     # -- planning -------------------------------------------------------------------------------
@@ -321,20 +312,21 @@ class Engine:
         return self._run_jobs(jobs, workers)
 
     def _run_jobs(self, jobs: list[FileJob], workers: int) -> dict[str, FileRecord]:
-        self._group = GroupCommit(self.dest, self._commits)
-        finish = self._commit
+        """Run ``jobs`` on ``workers`` threads of this process; their verified files, committed."""
+        group = GroupCommit(self.dest, self._commits)  # one per run of jobs (per process)
+        fetcher = FileFetcher(self.source, self.retry, self.stop, self._progress, group)
 
         def run_range(job: FileJob, start: int, end: int) -> None:
             job.make_room()  # before the request: what is planted after it is replaced
-            self._fetch_range(job, start, end)
+            fetcher.fetch_range(job, start, end)
             if job.range_finished():
-                finish(job)
+                fetcher.commit(job)
 
         try:
             order = list(interleaved(jobs, max(1, workers // 2)))
             self.source.read_ahead([(job.remote, s, e) for job, (s, e) in order])
             with ThreadPoolExecutor(workers, thread_name_prefix="fetch") as pool:
-                futures = [pool.submit(finish, job) for job in jobs if not job.ranges]
+                futures = [pool.submit(fetcher.commit, job) for job in jobs if not job.ranges]
                 futures.extend(pool.submit(run_range, job, s, e) for job, (s, e) in order)
                 done, _ = wait(futures, return_when=FIRST_EXCEPTION)
                 if any(f.exception() for f in done):
@@ -350,155 +342,15 @@ class Engine:
             # Files verified before the failure are kept for the rerun (a stop skips this: it
             # must end within seconds, and a kill would lose no more than the batch).
             with contextlib.suppress(OSError):
-                self._group.flush()
+                group.flush()
             raise real[0]
         if errors or self.stop.is_set():
             raise Interrupted("stopped by a signal; rerun to resume (fetched bytes are kept)")
         try:
-            self._group.flush()
+            group.flush()
         except OSError as exc:
             raise storage_error(exc, self.dest) from None
-        return self._group.records
-
-    def _fetch_range(self, job: FileJob, start: int, end: int) -> None:
-        """Fetch ``[start, end)`` into the .part, resuming within the range on retries.
-
-        The retry budget counts attempts since the last one that got the range further
-        (:data:`~initializers.retry.PROGRESS_BYTES`): a link that breaks every few MiB still
-        finishes, a dead one ends as before.
-
-        A file fetched whole in one range is digested as it streams, so committing it needs no
-        read-back; a large file's writeback is started every checkpoint, so the fsync before its
-        commit finds little left to write instead of all of it at the end.
-        """
-        position = start
-        checkpoint = start
-        digest: checksums.Digest | None = None
-        streaming = start == 0 and end == job.remote.size
-
-        def attempt() -> None:
-            if self.stop.is_set():
-                raise Cancelled
-            try:
-                transfer()
-            except Exception:
-                if self.stop.is_set():  # the stop cut this read short (transport.interrupt_reads)
-                    raise Cancelled from None
-                raise
-
-        def transfer() -> None:
-            nonlocal position, checkpoint, digest
-            if position > start and not job.remote.ranged:  # no resuming: again from the start
-                self._progress.add_bytes(start - position)
-                position, digest = start, None
-            with self.source.open_range(job.remote, position, end) as reader:
-                job.note_headers(reader.headers)
-                if streaming and digest is None and position == 0:
-                    expected = job.expected_checksum(self.source)
-                    if expected:
-                        digest = checksums.new_digest(expected.algorithm, job.remote.size)
-                spans = None if streaming else job.span_digest(self.source)
-                copy_into = getattr(reader, "copy_into", None)
-                if copy_into is not None and digest is None and spans is None:
-                    # Nothing to digest: the kernel copies (copy_file_range, a reflink where
-                    # the filesystem shares blocks), in steps that keep stops and checkpoints.
-                    for count in copy_into(job.open(), position):
-                        advanced(count)
-                    return
-                for chunk in reader.chunks():
-                    self._write(job, chunk, position)
-                    if digest is not None:
-                        digest.update(chunk)
-                    elif spans is not None:
-                        spans.offer(chunk, position)
-                    advanced(len(chunk))
-
-        def advanced(count: int) -> None:
-            """``count`` more bytes are in the .part: progress, and a checkpoint when due."""
-            nonlocal position, checkpoint
-            if self.stop.is_set():
-                raise Cancelled
-            position += count
-            self._progress.add_bytes(count)
-            if job.resumable and position - checkpoint >= CHECKPOINT:
-                start_writeback(job.open(), checkpoint, position - checkpoint)
-                job.journal.record(start, position)
-                checkpoint = position
-
-        try:
-            self.retry.call(attempt, job.remote.path, progress=lambda: position)
-        except OSError as exc:
-            raise storage_error(exc, job.final) from None
-        finally:
-            if job.resumable and position > checkpoint:
-                job.journal.record(start, position)
-        if digest is not None:
-            job.streamed_digest = digest.finish()
-        elif not streaming and (spans := job.span_digest(self.source)) is not None:
-            try:
-                spans.span_done(job.open(), start, end)
-            except OSError as exc:
-                raise storage_error(exc, job.final) from None
-
-    def _write(self, job: FileJob, view: memoryview, offset: int) -> None:
-        fd = job.open()
-        try:
-            while view:
-                written = os.pwrite(fd, view, offset)
-                view, offset = view[written:], offset + written
-        except OSError as exc:
-            raise storage_error(exc, job.final) from None
-
-    # -- committing -----------------------------------------------------------------------------
-
-    def _commit(self, job: FileJob) -> None:
-        """Verify the finished .part, then queue it for its batch's durable rename."""
-        expected = job.expected_checksum(self.source)
-        if expected:
-            if job.streamed_digest:
-                actual = job.streamed_digest
-            elif job.spans is not None:
-                actual = job.spans.finish(job.open())
-            else:
-                actual = checksums.digest_file(job.open(), job.remote.size, expected.algorithm)
-            if actual != expected.value:
-                return self._refetch_after_mismatch(job, str(expected), actual)
-        verified = Verified(
-            path=job.remote.path,
-            part=job.part,
-            final=job.final,
-            size=job.remote.size,
-            checksum=str(expected) if expected else None,
-            version=job.remote.version,
-            on_commit=partial(self._committed, job),
-        )
-        try:
-            self._group.add(job.open(), verified)
-            job.close()
-        except OSError as exc:
-            raise storage_error(exc, job.final) from None
-
-    def _committed(self, job: FileJob) -> None:
-        """After ``job``'s rename: its journal has nothing left to say."""
-        job.journal.remove()
-        self._progress.file_done()
-
-    def _refetch_after_mismatch(self, job: FileJob, expected: str, actual: str) -> None:
-        if job.refetched:
-            job.discard()
-            raise IntegrityError(
-                f"{job.remote.path}: checksum mismatch twice (expected {expected}, got "
-                f"{actual}); the source object may be corrupt — check it, then rerun"
-            )
-        log.warning(
-            "%s: checksum mismatch (expected %s); fetching it again", job.remote.path, expected
-        )
-        job.discard()
-        job.refetched = True
-        job.plan()
-        for start, end in job.ranges:
-            self._fetch_range(job, start, end)
-        self._commit(job)
+        return group.records
 
 
 def describe_outcome(label: str, outcome: Outcome) -> str:

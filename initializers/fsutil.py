@@ -163,7 +163,7 @@ def atomic_write_bytes(target: Path, data: bytes) -> None:
         except OSError as exc:
             if exc.errno not in (errno.ELOOP, errno.ENXIO):
                 raise
-            tmp.unlink(missing_ok=True)  # a symlink or a pipe planted there: never followed, never waited on
+            tmp.unlink(missing_ok=True)  # a planted symlink or pipe: never followed or waited on
             continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import random
 import tarfile
@@ -208,6 +209,42 @@ def test_the_model_weights_preference_applies_to_the_archive_members(
     assert sorted(tree(tmp_path / "cfg")) == ["config.json", "tokenizer/tokenizer.json"]
 
 
+def test_a_url_pinning_a_digest_verifies_the_archive_and_a_wrong_pin_exits_5_with_nothing_kept(
+    web, run_initializer, tmp_path
+):
+    archive = tar_bytes(MODEL)
+    url = web.put("/dl/model.tar.gz", archive)
+    pinned = f"{url}#sha256={hashlib.sha256(archive).hexdigest().upper()}"
+    result = fetch(run_initializer, pinned, tmp_path / "model")
+    assert result.code == 0, result.output
+    assert tree(tmp_path / "model") == MODEL
+    assert all("#" not in path for _, path, _ in web.requests)  # a fragment stays client-side
+
+    wrong = f"{url}#sha512={hashlib.sha512(b'another file').hexdigest()}"
+    refused = fetch(run_initializer, wrong, tmp_path / "other")
+    assert refused.code == 5, refused.output
+    assert "checksum mismatch twice (expected sha512:" in refused.stderr
+    assert "Traceback" not in refused.output
+    assert tree(tmp_path / "other") == {}
+
+
+def test_a_new_pin_is_checked_on_the_rerun_not_vouched_for_by_the_earlier_manifest(
+    web, run_initializer, tmp_path
+):
+    body = RNG.randbytes(5 * MIB)
+    url = web.put("/dl/weights.safetensors", body)
+    out = tmp_path / "model"
+    first = fetch(run_initializer, f"{url}#md5={hashlib.md5(body).hexdigest()}", out)
+    assert first.code == 0, first.output
+    assert tree(out) == {"weights.safetensors": body}
+    same = fetch(run_initializer, f"{url}#md5={hashlib.md5(body).hexdigest()}", out)
+    assert "already complete" in same.stderr, same.output
+
+    wrong = fetch(run_initializer, f"{url}#sha1={hashlib.sha1(b'not it').hexdigest()}", out)
+    assert wrong.code == 5, wrong.output
+    assert not (out / ".initializer-manifest.json").exists()  # the tree no longer vouched for
+
+
 def test_headers_from_http_headers_reach_the_server_and_never_the_logs(
     web, run_initializer, tmp_path
 ):
@@ -243,6 +280,8 @@ def test_private_headers_are_not_sent_on_to_another_host_after_a_redirect(
     [
         ("https://", 2, "scheme://location"),
         ("https://example.invalid/models/", 2, "does not end with a file name"),
+        ("https://example.invalid/m.tar.gz#sha256=abc", 2, "the fragment is not a digest"),
+        ("https://example.invalid/m.tar.gz#crc32=00000000", 2, "pin its content with #sha256="),
     ],
 )
 def test_bad_urls_exit_with_a_clear_error(uri, code, words, run_initializer, tmp_path):

@@ -13,6 +13,12 @@ models it, without a ``Content-Range``), others ignore the range and answer ``20
 range, and lists the file only if that answer says it is empty; anything else stays the error
 it was.
 
+A URL may pin the file's content the way pip's hash links do: ``#sha256=<hex>`` (or ``md5``,
+``sha1``, ``sha384``, ``sha512``). The fragment never reaches the server; the file (the archive,
+before it is unpacked) is verified against it like any source's checksum, a mismatch exits 5,
+and a new pin counts as a new version, so a rerun checks it. Without one, only the size is
+verified: no HTTP header carries a digest of the bytes.
+
 Extra request headers for private servers come from ``HTTP_HEADERS`` (a JSON object); their
 values are never logged, and they are dropped, as ``Authorization`` always is, when a redirect
 leads to another host. The query string of a URL (where presigned URLs keep their signature)
@@ -30,11 +36,26 @@ from initializers.config import Settings
 from initializers.errors import InitializerError, IntegrityError, UsageError
 from initializers.fsutil import UnsafePathError, safe_relpath
 from initializers.retry import RetryPolicy
-from initializers.sources.base import Listing, RemoteFile, Source
+from initializers.sources.base import Checksum, Listing, RemoteFile, Source
 from initializers.streams import RangeReader
 from initializers.transport import HttpTransport
 
 _TOTAL = re.compile(r"/(\d+)\s*$")
+_PIN = re.compile(r"(md5|sha1|sha256|sha384|sha512)=([0-9a-fA-F]+)")
+_HEX_DIGITS = {"md5": 32, "sha1": 40, "sha256": 64, "sha384": 96, "sha512": 128}
+
+
+def pinned_digest(fragment: str, shown: str) -> Checksum | None:
+    """The digest a URL's fragment pins (``sha256=<hex>``), None without a fragment."""
+    if not fragment:
+        return None
+    found = _PIN.fullmatch(fragment)
+    if not found or len(found[2]) != _HEX_DIGITS[found[1]]:
+        raise UsageError(
+            f"{shown}#{fragment}: the fragment is not a digest of the file; pin its content "
+            "with #sha256=<64 hex digits> (or md5, sha1, sha384, sha512), or remove it"
+        )
+    return Checksum(found[1], found[2].lower())
 
 
 class WebSource(Source):
@@ -48,10 +69,11 @@ class WebSource(Source):
             raise UsageError(
                 f"{parts.scheme}:// URI names no host; e.g. https://example.com/model.tar.gz"
             )
-        self.url = url
+        self.url = urlunsplit(parts._replace(fragment=""))
         self._shown = urlunsplit(
             (parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", "")
         )
+        self._pin = pinned_digest(parts.fragment, self._shown)
         try:
             self.name = safe_relpath(unquote(parts.path.rsplit("/", 1)[-1]))
         except UnsafePathError:
@@ -111,7 +133,9 @@ class WebSource(Source):
         etag = headers.get("ETag", "")
         strong = etag if etag.startswith('"') else None
         version = strong or headers.get("Last-Modified") or f"size {size}"
-        return RemoteFile(self.name, size, version, locator=strong or "", ranged=ranged)
+        if self._pin:  # a new pin is checked on the rerun, not vouched for by the old manifest
+            version = f"{version}, pinned {self._pin}"
+        return RemoteFile(self.name, size, version, self._pin, locator=strong or "", ranged=ranged)
 
     def open_range(self, file: RemoteFile, start: int, end: int) -> RangeReader:
         headers = {**self._headers, "If-Match": file.locator} if file.locator else self._headers

@@ -69,6 +69,12 @@ BAD_INPUTS: list[Bad] = [
         "does not end with a file name",
     ),
     Bad(
+        "`https://host/m.tar.gz#sha256=abc` (a pin that is not a digest)",
+        {"STORAGE_URI": "https://example.invalid/m.tar.gz#sha256=abc"},
+        2,
+        "the fragment is not a digest of the file; pin its content with #sha256=",
+    ),
+    Bad(
         "`gs://Bad_Bucket/d`",
         {"STORAGE_URI": "gs://Bad_Bucket/d"},
         2,

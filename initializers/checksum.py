@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 READ_SIZE = 4 << 20
+HEX_HASHES = ("md5", "sha1", "sha256", "sha384", "sha512")  # hashlib names, hex digests
 
 
 class Digest(Protocol):
@@ -116,7 +117,7 @@ def _factory(algorithm: str, size: int = 0) -> Callable[[], Digest] | None:
         if len(made) < len(parts):
             return None  # one cannot be computed here: a source offers only the ones that can
         return lambda: _AllOf([make() for make in made])
-    if algorithm in ("md5", "sha1", "sha256", "sha384", "sha512"):
+    if algorithm in HEX_HASHES:
         return lambda: _Hashlib(algorithm, b64=False)
     if algorithm == "git-sha1":
         return lambda: _GitBlob(size)

@@ -27,11 +27,13 @@ never appears in logs either.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
 from typing import Self
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+from initializers import checksum as checksums
 from initializers.config import Settings
 from initializers.errors import InitializerError, IntegrityError, UsageError
 from initializers.fsutil import UnsafePathError, safe_relpath
@@ -41,8 +43,7 @@ from initializers.streams import RangeReader
 from initializers.transport import HttpTransport
 
 _TOTAL = re.compile(r"/(\d+)\s*$")
-_PIN = re.compile(r"(md5|sha1|sha256|sha384|sha512)=([0-9a-fA-F]+)")
-_HEX_DIGITS = {"md5": 32, "sha1": 40, "sha256": 64, "sha384": 96, "sha512": 128}
+_PIN = re.compile(r"(\w+)=([0-9a-fA-F]+)")
 
 
 def pinned_digest(fragment: str, shown: str) -> Checksum | None:
@@ -50,7 +51,11 @@ def pinned_digest(fragment: str, shown: str) -> Checksum | None:
     if not fragment:
         return None
     found = _PIN.fullmatch(fragment)
-    if not found or len(found[2]) != _HEX_DIGITS[found[1]]:
+    if (
+        not found
+        or found[1] not in checksums.HEX_HASHES
+        or len(found[2]) != 2 * hashlib.new(found[1]).digest_size
+    ):
         raise UsageError(
             f"{shown}#{fragment}: the fragment is not a digest of the file; pin its content "
             "with #sha256=<64 hex digits> (or md5, sha1, sha384, sha512), or remove it"

@@ -41,6 +41,19 @@ def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untype
             terminalreporter.write_line(f"{name}: {value}")
 
 
+def pytest_sessionfinish(session) -> None:  # type: ignore[no-untyped-def]
+    """Under pytest-xdist (``make test``), each worker hands its figures to the controller."""
+    handed_over = getattr(session.config, "workeroutput", None)
+    if handed_over is not None:
+        handed_over["reliability figures"] = dict(FIGURES)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:  # type: ignore[no-untyped-def]
+    """The controller sums what its workers counted, for the summary above."""
+    FIGURES.update(getattr(node, "workeroutput", {}).get("reliability figures", {}))
+
+
 def assert_identical(out: Path, files: dict[str, bytes]) -> None:
     """``out`` holds exactly ``files``, byte for byte (compared by digest: no megabyte diffs)."""
     digest = {name: hashlib.sha256(body).hexdigest() for name, body in files.items()}

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from initializers.engine import SMALL_BODY
 from initializers.manifest import find_problems
 from tests.reliability.conftest import (
     FIGURES,
@@ -264,21 +265,23 @@ def test_a_hub_api_that_stalls_exits_7_instead_of_hanging(hub, proxies, launch, 
 def test_files_verified_before_a_final_refusal_are_committed_and_not_fetched_again(
     bucket, s3_endpoint, proxies, run_initializer, tmp_path
 ):
-    # Largest first, one worker: the refused 10-byte file comes last, when the others are
-    # verified and waiting for their group commit; the refusal must not throw that work away.
-    # (With two workers the last large file may still be in flight, and rightly be dropped.)
-    files = {**dataset(47, {f"part-{i}.bin": 200_000 + i for i in range(10)}), "z.json": b"{}" * 5}
+    # Largest first, one worker, no small file (small ones get more requests than workers): the
+    # refused file comes last, when the others are verified and waiting for their group commit;
+    # the refusal must not throw that work away. (With two requests in flight the last of the
+    # others may still be in flight, and rightly be dropped.)
+    sizes = {f"part-{i}.bin": 2 * MIB + i for i in range(10)} | {"z.bin": SMALL_BODY + 1}
+    files = dataset(47, sizes)
     fill(bucket, "d", files)
     proxy = proxies(s3_endpoint)
     proxy.force(
-        Fault.error(403), times=10_000, match=lambda r: is_object_get(r) and "z.json" in r.path
+        Fault.error(403), times=10_000, match=lambda r: is_object_get(r) and "z.bin" in r.path
     )
     out = tmp_path / "out"
     env = s3_env(bucket, proxy.url, "d", out, WORKERS="1")
     failed = run_initializer("dataset", env=env)
     assert failed.code == 3, failed.output
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == sorted(
-        name for name in files if name != "z.json"
+        name for name in files if name != "z.bin"
     )
 
     rerun = run_initializer("dataset", env=s3_env(bucket, s3_endpoint, "d", out))

@@ -246,6 +246,11 @@ class FaultProxy:
             time.sleep(0.01)
 
     @property
+    def parked(self) -> int:
+        """Requests parked by :meth:`hold` right now: what the client has in flight."""
+        return self._parked
+
+    @property
     def total_injected(self) -> int:
         return sum(self.injected.values())
 

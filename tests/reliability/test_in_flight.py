@@ -1,0 +1,48 @@
+"""How many requests a run keeps in flight: many for small files, each of which mostly waits for
+its first byte (10-50 ms from S3 or a CDN), and as many as the workers for large ranges, each of
+which is bandwidth and a buffer. The proxy parks every object GET, so what it holds at once is
+what the initializer has in flight."""
+
+from __future__ import annotations
+
+import time
+
+from initializers.engine import SMALL_IN_FLIGHT
+from tests.reliability.conftest import assert_identical, dataset, fill, is_object_get, s3_env
+
+MIB = 1 << 20
+WORKERS = 2
+SETTLE = 0.5  # seconds for one more request to arrive, were it sent
+
+
+def held_at_once(bucket, s3_endpoint, proxies, launch, tmp_path, files, expected):
+    """Run a fetch of ``files`` whose GETs are parked; the number parked once it settles."""
+    fill(bucket, "d", files)
+    proxy = proxies(s3_endpoint)
+    proxy.hold(is_object_get)
+    out = tmp_path / "out"
+    run = launch("dataset", env=s3_env(bucket, proxy.url, "d", out, WORKERS=str(WORKERS)))
+    try:
+        proxy.wait_parked(expected)
+        time.sleep(SETTLE)
+        parked = proxy.parked
+    finally:
+        proxy.release()
+    assert run.finish() == 0, run.stderr
+    assert_identical(out, files)
+    return parked
+
+
+def test_small_files_keep_several_times_the_workers_requests_in_flight(
+    bucket, s3_endpoint, proxies, launch, tmp_path
+):
+    files = dataset(41, {f"shards/{i:02d}.jsonl": 20_000 + i for i in range(24)})
+    expected = WORKERS * SMALL_IN_FLIGHT
+    assert held_at_once(bucket, s3_endpoint, proxies, launch, tmp_path, files, expected) == expected
+
+
+def test_large_ranges_keep_only_the_workers_requests_in_flight(
+    bucket, s3_endpoint, proxies, launch, tmp_path
+):
+    files = dataset(42, {f"weights/{i}.bin": 2 * MIB + i for i in range(6)})
+    assert held_at_once(bucket, s3_endpoint, proxies, launch, tmp_path, files, WORKERS) == WORKERS

@@ -219,6 +219,19 @@ def test_fetch_is_identical_verified_as_expected_and_idempotent(
     assert mtimes(out) == before
 
 
+@pytest.mark.parametrize("s3_server", ["seaweedfs", "rclone"], indirect=True)
+def test_a_wrong_secret_key_is_refused_so_every_fetch_above_proves_its_signatures(
+    s3_server: S3Server, compat: Bucket, prefix: str, run_initializer, tmp_path
+):
+    # moto accepts any signature; these two check every request's, listing included.
+    put(compat, prefix, {"a.json": b"{}"})
+    out = tmp_path / "out"
+    env = compat.env(prefix, OUTPUT_PATH=str(out), SECRET_ACCESS_KEY="not-the-secret")
+    result = run_initializer("dataset", env=env)
+    assert result.code == 3, f"{s3_server.name}: exit {result.code}\n{result.output}"
+    assert not (out / "a.json").exists()
+
+
 TAMPER_PARAMS = [
     pytest.param(server, case, id=f"{case.name}-{server}")
     for case in matrix.TAMPER_CASES

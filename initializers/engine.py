@@ -328,23 +328,26 @@ class Engine:
         group = GroupCommit(self.dest, self._commits)  # one per run of jobs (per process)
         fetcher = FileFetcher(self.source, self.retry, self.stop, self._progress, group)
 
-        large = threading.BoundedSemaphore(workers)
-
         def run_range(job: FileJob, start: int, end: int) -> None:
-            with large if end - start > SMALL_BODY else contextlib.nullcontext():
-                job.make_room()  # before the request: what is planted after it is replaced
-                fetcher.fetch_range(job, start, end)
+            job.make_room()  # before the request: what is planted after it is replaced
+            fetcher.fetch_range(job, start, end)
             if job.range_finished():
                 fetcher.commit(job)
 
         try:
             order = list(interleaved(jobs, max(1, workers // 2)))
             self.source.read_ahead([(job.remote, s, e) for job, (s, e) in order])
-            small = any(end - start <= SMALL_BODY for _, (start, end) in order)
-            threads = workers * SMALL_IN_FLIGHT if small else workers
-            with ThreadPoolExecutor(threads, thread_name_prefix="fetch") as pool:
-                futures = [pool.submit(fetcher.commit, job) for job in jobs if not job.ranges]
-                futures.extend(pool.submit(run_range, job, s, e) for job, (s, e) in order)
+            # Two pools, so that large ranges only ever run on ``workers`` threads: each such
+            # thread keeps its read-back buffers (RSS on the Hub model: 189 MiB when they ran on
+            # the small files' threads too, against 133 MiB).
+            with (
+                ThreadPoolExecutor(workers, thread_name_prefix="fetch") as large,
+                ThreadPoolExecutor(workers * SMALL_IN_FLIGHT, thread_name_prefix="small") as small,
+            ):
+                futures = [small.submit(fetcher.commit, job) for job in jobs if not job.ranges]
+                for job, (start, end) in order:
+                    pool = small if end - start <= SMALL_BODY else large
+                    futures.append(pool.submit(run_range, job, start, end))
                 done, _ = wait(futures, return_when=FIRST_EXCEPTION)
                 if any(f.exception() for f in done):
                     self.stop.set()

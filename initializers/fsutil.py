@@ -122,24 +122,6 @@ def _load_sync_file_range() -> Callable[[int, int, int], None]:
 start_writeback = _load_sync_file_range()
 
 
-def _load_syncfs() -> Callable[[int], bool] | None:
-    """Linux's syncfs(2): write back and wait for everything dirty on one filesystem, in one
-    journal commit (Python's os module has no binding). None where it is missing."""
-    try:
-        call = ctypes.CDLL(None, use_errno=True).syncfs
-    except (OSError, AttributeError):
-        return None
-    call.argtypes = (ctypes.c_int,)
-
-    def syncfs(fd: int) -> bool:
-        return call(fd) == 0
-
-    return syncfs
-
-
-syncfs = _load_syncfs()
-
-
 def fsync_dir(folder: Path) -> None:
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:

@@ -9,7 +9,7 @@
 # --network host lets pip reach the index; the image trusts this machine's extra CA certificates
 # but gets none of its pip config (PIP_INDEX_URL, PIP_EXTRA_INDEX_URL, PIP_TRUSTED_HOST and
 # proxies are passed when set). STOCK_TARGETS overrides the targets. Exits non-zero when any
-# step fails. About 7-8 min on the 2-core CI machine, most of it `make test`. Needs podman:
+# step fails. About 4-5 min on the 2-core CI machine, most of it `make test`. Needs podman:
 # runs .ci/images.sh when it is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -66,10 +66,9 @@ log = logging.getLogger(__name__)
 # or 3x (median ratio 0.46 -> 0.60, 0.63); without the delay 3x cost ~5% (0.70 -> 0.66). On the
 # Hub dataset (read ahead natively too) 3x against 1x: 0.83 -> 0.90 with the delay, 0.86 -> 0.83
 # without.
-SMALL_BODY = 1 << 20
-SMALL_IN_FLIGHT = 3
-
 MIB = 1 << 20
+SMALL_BODY = MIB
+SMALL_IN_FLIGHT = 3
 
 
 @dataclass
@@ -339,7 +338,7 @@ class Engine:
             self.source.read_ahead([(job.remote, s, e) for job, (s, e) in order])
             # Two pools, so that large ranges only ever run on ``workers`` threads: each such
             # thread keeps its read-back buffers (RSS on the Hub model: 189 MiB when they ran on
-            # the small files' threads too, against 133 MiB).
+            # the small files' threads too, against 132 MiB).
             with (
                 ThreadPoolExecutor(workers, thread_name_prefix="fetch") as large,
                 ThreadPoolExecutor(workers * SMALL_IN_FLIGHT, thread_name_prefix="small") as small,

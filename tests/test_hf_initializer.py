@@ -152,6 +152,19 @@ def test_a_new_commit_updates_only_the_changed_files(hub, run_initializer, tmp_p
     assert "1 fetched" in result.stderr
 
 
+def test_only_the_repo_is_asked_for_even_with_the_libraries_telemetry_left_on(
+    hub, run_initializer, tmp_path
+):
+    """huggingface_hub fetches an "agent harness" registry from the endpoint before its first API
+    call unless telemetry is off (once a day per HF_HOME, so on every pod start)."""
+    hub.add_repo("org/llama", MODEL)
+    env = hf_env(hub, "hf://org/llama", tmp_path / "out", HF_HUB_DISABLE_TELEMETRY="")
+    result = run_initializer("model", env=env)
+    assert result.code == 0, result.output
+    asked = {r.path.split("?")[0] for r in hub.find_requests(server="hub")}
+    assert asked and all("/org/llama" in path for path in asked), asked
+
+
 def test_rerun_against_an_unchanged_repo_downloads_nothing(hub, run_initializer, tmp_path):
     hub.add_repo("org/m", MODEL)
     env = hf_env(hub, "hf://org/m", tmp_path)

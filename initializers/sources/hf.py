@@ -17,6 +17,7 @@ from urllib.parse import quote, urlsplit
 
 import httpx2
 from huggingface_hub import HfApi, get_session, hf_hub_url
+from huggingface_hub import constants as hub_constants
 from huggingface_hub.errors import (
     DisabledRepoError,
     EntryNotFoundError,
@@ -43,6 +44,17 @@ from initializers.transport import CONNECT_TIMEOUT, HttpTransport
 log = logging.getLogger(__name__)
 DEFAULT_ENDPOINT = "https://huggingface.co"
 _DEFAULT_REPO_TYPE = {"dataset": "dataset", "model": "model"}
+
+
+def _disable_telemetry() -> None:
+    """Keep huggingface_hub's requests to the repo's own.
+
+    Unless telemetry is off, its user agent is built by probing for torch and by fetching an
+    "agent harness" registry from the endpoint before the first API call (cached a day in
+    HF_HOME, which a pod starts without): one more request, with a 3 s timeout, on every run.
+    The initializers send no telemetry, as the images already said with HF_HUB_DISABLE_TELEMETRY.
+    """
+    hub_constants.HF_HUB_DISABLE_TELEMETRY = True
 
 
 def _enforce_timeout(timeout: float) -> None:
@@ -93,6 +105,7 @@ class HfSource(Source):
         parts = urlsplit(self.endpoint)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise UsageError(f"HF_ENDPOINT {self.endpoint!r} is not an http(s):// URL")
+        _disable_telemetry()
         self._api = HfApi(
             endpoint=self.endpoint,
             token=settings.token or False,

@@ -20,9 +20,10 @@ import base64
 import hashlib
 import os
 import threading
-import zlib
 from collections.abc import Callable, Sequence
 from typing import Protocol
+
+from isal import isal_zlib  # ISA-L's CRC-32: ~22 GiB/s here against zlib's ~3 (see pyproject)
 
 READ_SIZE = 4 << 20
 HEX_HASHES = ("md5", "sha1", "sha256", "sha384", "sha512")  # hashlib names, hex digests
@@ -125,7 +126,7 @@ def _factory(algorithm: str, size: int = 0) -> Callable[[], Digest] | None:
         name = algorithm.removeprefix("s3-").removesuffix("-base64")
         return lambda: _Hashlib(name, b64=True)
     if algorithm == "s3-crc32":
-        return lambda: _Crc(zlib.crc32, 4)
+        return lambda: _Crc(isal_zlib.crc32, 4)
     crt = _CRT_CHECKSUMS.get(algorithm)
     if crt and (step := _crt_step(crt[0])):
         return lambda: _Crc(step, crt[1])

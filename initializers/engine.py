@@ -35,6 +35,7 @@ from pathlib import Path
 
 from initializers import processes
 from initializers.commits import GroupCommit
+from initializers.config import SMALL_IN_FLIGHT
 from initializers.destination import FileLock, destination_lock, inside, storage_error
 from initializers.errors import InitializerError, Interrupted, LocalStorageError
 from initializers.fetching import Cancelled, FileFetcher
@@ -58,17 +59,8 @@ from initializers.sources.base import RemoteFile, Source
 
 log = logging.getLogger(__name__)
 
-# A request for a small body spends most of its life waiting for the first byte (S3 and CDNs take
-# 10-50 ms; the body itself is a millisecond at 1 GB/s), so small files keep this many times the
-# workers' requests in flight while large ranges stay at ``workers`` (more of those only slowed
-# the S3 model). Throwaway paired rounds against s5cmd on the benchmark's S3 dataset with 20 ms
-# before every first byte (5 rounds each, a quiet machine): ours 3.5-3.8 s at 1x, 2.5-2.9 s at 2x
-# or 3x (median ratio 0.46 -> 0.60, 0.63); without the delay 3x cost ~5% (0.70 -> 0.66). On the
-# Hub dataset (read ahead natively too) 3x against 1x: 0.83 -> 0.90 with the delay, 0.86 -> 0.83
-# without.
 MIB = 1 << 20
-SMALL_BODY = MIB
-SMALL_IN_FLIGHT = 3
+SMALL_BODY = MIB  # a range this small runs on the small files' pool (SMALL_IN_FLIGHT)
 
 
 @dataclass

@@ -30,6 +30,7 @@ from urllib3.exceptions import (
 )
 from urllib3.exceptions import TimeoutError as Urllib3Timeout
 
+from initializers.config import SMALL_IN_FLIGHT, Settings
 from initializers.errors import (
     InitializerError,
     IntegrityError,
@@ -121,10 +122,10 @@ def interrupt_reads() -> None:
 class HttpTransport:
     """A pool of keep-alive connections (through the environment's proxy when one is set)."""
 
-    def __init__(self, *, workers: int, timeout: float, ca_bundle: str | None = None) -> None:
+    def __init__(self, *, connections: int, timeout: float, ca_bundle: str | None = None) -> None:
         self._timeout = urllib3.Timeout(connect=min(CONNECT_TIMEOUT, timeout), read=timeout)
         pool_args = {
-            "maxsize": workers,
+            "maxsize": connections,  # kept alive per origin; more are opened, then discarded
             "block": False,
             "ca_certs": ca_bundle,
             "retries": False,
@@ -143,6 +144,18 @@ class HttpTransport:
             redirect=10,
             raise_on_redirect=True,
             raise_on_status=False,
+        )
+
+    @classmethod
+    def for_settings(cls, settings: Settings) -> HttpTransport:
+        """A transport that keeps a connection for every request the engine may have in flight
+        (small files: :data:`~initializers.config.SMALL_IN_FLIGHT` per worker). A smaller pool
+        opened connections that served one request each, then logged "Connection pool is full,
+        discarding connection" as it closed them."""
+        return cls(
+            connections=settings.workers * SMALL_IN_FLIGHT,
+            timeout=settings.timeout,
+            ca_bundle=settings.ca_bundle,
         )
 
     def _manager_for(self, url: str) -> urllib3.PoolManager:

@@ -75,9 +75,7 @@ class AzureSource(Source):
 
     def __init__(self, location: AzureLocation, settings: Settings) -> None:
         self.retry = RetryPolicy(attempts=settings.retries)
-        self._transport = HttpTransport(
-            workers=settings.workers, timeout=settings.timeout, ca_bundle=settings.ca_bundle
-        )
+        self._transport = HttpTransport.for_settings(settings)
         connection = _parse_connection_string(settings.azure_connection_string)
         account = location.account or connection.get("accountname") or settings.azure_account
         if not account:

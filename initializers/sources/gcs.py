@@ -70,9 +70,7 @@ class GcsSource(Source):
     def __init__(self, location: GcsLocation, settings: Settings) -> None:
         self.location = location
         self.retry = RetryPolicy(attempts=settings.retries)
-        self._transport = HttpTransport(
-            workers=settings.workers, timeout=settings.timeout, ca_bundle=settings.ca_bundle
-        )
+        self._transport = HttpTransport.for_settings(settings)
         emulator = os.environ.get("STORAGE_EMULATOR_HOST", "").strip().rstrip("/")
         if emulator and "://" not in emulator:
             emulator = "http://" + emulator

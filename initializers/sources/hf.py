@@ -120,9 +120,7 @@ class HfSource(Source):
         self._small = NativeHttp(
             self.endpoint, headers=headers, timeout=settings.timeout, ca_bundle=settings.ca_bundle
         )
-        self._large = HttpTransport(
-            workers=settings.workers, timeout=settings.timeout, ca_bundle=settings.ca_bundle
-        )
+        self._large = HttpTransport.for_settings(settings)
         self._commit: str | None = None
         self._gated = False
 

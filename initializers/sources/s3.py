@@ -82,9 +82,7 @@ class S3Source(Source):
         self.location = location
         self.settings = settings
         self.retry = retry or RetryPolicy(attempts=settings.retries)
-        self._transport = HttpTransport(
-            workers=settings.workers, timeout=settings.timeout, ca_bundle=settings.ca_bundle
-        )
+        self._transport = HttpTransport.for_settings(settings)
         self._plane = self._control_plane()
         credentials = self._plane.credentials
         self._signer = S3HeaderSigner(credentials, self._plane.region) if credentials else None

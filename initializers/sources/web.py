@@ -88,9 +88,7 @@ class WebSource(Source):
             ) from None
         self.retry = retry or RetryPolicy(attempts=settings.retries)
         self._headers = dict(settings.http_headers)
-        self._transport = HttpTransport(
-            workers=settings.workers, timeout=settings.timeout, ca_bundle=settings.ca_bundle
-        )
+        self._transport = HttpTransport.for_settings(settings)
 
     @classmethod
     def from_settings(cls, location: str, settings: Settings) -> Self:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from initializers.engine import SMALL_IN_FLIGHT
+from initializers.config import SMALL_IN_FLIGHT
 from tests.reliability.conftest import assert_identical, dataset, fill, is_object_get, s3_env
 
 MIB = 1 << 20
@@ -46,3 +46,20 @@ def test_large_ranges_keep_only_the_workers_requests_in_flight(
 ):
     files = dataset(42, {f"weights/{i}.bin": 2 * MIB + i for i in range(6)})
     assert held_at_once(bucket, s3_endpoint, proxies, launch, tmp_path, files, WORKERS) == WORKERS
+
+
+def test_every_request_in_flight_reuses_a_kept_alive_connection(
+    bucket, s3_endpoint, proxies, launch, tmp_path
+):
+    # A pool smaller than the requests in flight opened a connection per request beyond it,
+    # closed it after one use, and logged urllib3's "Connection pool is full" each time.
+    files = dataset(43, {f"shards/{i:03d}.jsonl": 10_000 + i for i in range(120)})
+    fill(bucket, "d", files)
+    proxy = proxies(s3_endpoint, keep_alive=True)
+    out = tmp_path / "out"
+    run = launch("dataset", env=s3_env(bucket, proxy.url, "d", out, WORKERS=str(WORKERS)))
+    assert run.finish() == 0, run.stderr
+    assert_identical(out, files)
+    assert proxy.requests > len(files)
+    assert proxy.connections <= WORKERS * SMALL_IN_FLIGHT + 1  # + the listing's, before a fork
+    assert "pool is full" not in run.stderr

@@ -293,7 +293,7 @@ def test_a_connection_opened_just_after_a_stop_is_cut_too_instead_of_waiting_out
     proxy.force(Fault.stall(600), match=is_object_get)
     monkeypatch.setattr(transport, "_interrupted", False)  # the latch is process-wide
     transport.interrupt_reads()  # what the SIGTERM handler does
-    http = transport.HttpTransport(workers=1, timeout=120)  # a read would wait 120 s
+    http = transport.HttpTransport(connections=1, timeout=120)  # a read would wait 120 s
     started = time.monotonic()
 
     with pytest.raises(TransientError, match="connection failed"):

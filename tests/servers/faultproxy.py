@@ -146,6 +146,7 @@ class FaultProxy:
         max_in_a_row: int = 2,
         rewrite_location: Mapping[str, str] | None = None,
         rate: float | None = None,
+        keep_alive: bool = False,
     ) -> None:
         parts = urlsplit(upstream)
         if parts.scheme != "http" or not parts.hostname or not parts.port:
@@ -160,8 +161,12 @@ class FaultProxy:
         self.max_in_a_row = max_in_a_row
         self.rewrite_location = dict(rewrite_location or {})
         self.rate = rate  # bytes/s per connection, None for as fast as it goes
+        # Keep client connections alive, as S3 and CDNs do, even where the upstream (moto's
+        # HTTP/1.0 server) closes each one after a response: the proxy reconnects upstream.
+        self.keep_alive = keep_alive
         self.injected: Counter[str] = Counter()
         self.requests = 0
+        self.connections = 0  # client connections accepted
         self.seen: Counter[str] = Counter()  # "METHOD /path" -> requests received
         self.body_bytes = 0
         self.log: list[tuple[str, str, str, str | None]] = []  # (fault, method, path, range)
@@ -291,6 +296,7 @@ class FaultProxy:
             client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._lock:
                 self._clients.add(client)
+                self.connections += 1
             threading.Thread(target=self._handle, args=(client,), daemon=True).start()
         if self._listener is not None:
             self._listener.close()
@@ -325,9 +331,10 @@ class FaultProxy:
                     _send(client, _error_response(502, "BadGateway"))
                     continue
                 keep = self._relay(client, request, response, fault)
-                if not keep:
+                if not keep or response.will_close:
                     upstream.close()
                     upstream = None
+                if not keep:
                     return
         except _Dropped:
             return
@@ -384,7 +391,8 @@ class FaultProxy:
             headers = [(k, v) for k, v in headers if k.lower() != "content-length"]
             headers.append(("Content-Length", str(len(body_whole))))
         headers = [(k, self._rewrite(v) if k.lower() == "location" else v) for k, v in headers]
-        close = response.will_close
+        framed = body_whole is not None or response.getheader("content-length") is not None
+        close = response.will_close and not (self.keep_alive and framed)
         if (
             fault is not None
             and fault.after_bytes is not None

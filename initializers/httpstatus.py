@@ -1,7 +1,9 @@
-"""What an HTTP status means, once for every byte path (urllib3's and the native one)."""
+"""What an HTTP response means, once for every byte path (urllib3's and the native one): its
+status, and for a ranged GET whether its bytes are the range asked for."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from initializers.errors import (
@@ -45,3 +47,34 @@ def check_status(status: int, what: str, headers: Mapping[str, str] | None = Non
     failure = status_error(status, what)
     if failure is not None:
         raise failure
+
+
+def range_value(start: int, end: int) -> str:
+    """The ``Range`` header for bytes ``[start, end)`` (a source that signs it needs it first)."""
+    return f"bytes={start}-{end - 1}"
+
+
+_CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(?:\d+|\*)\s*$", re.IGNORECASE)
+
+
+def check_range(status: int, headers: Mapping[str, str], start: int, end: int, what: str) -> None:
+    """Raise unless the body of a ranged GET starts at ``start`` and covers up to ``end``.
+
+    The ``Content-Range`` header is what says where the bytes belong, whatever the status: some
+    S3-compatible servers (rclone's) answer a range with 200 and a correct ``Content-Range``,
+    while a 200 without one from ``start`` > 0 means the server sent the whole file instead.
+    """
+    found = _CONTENT_RANGE.match(headers.get("Content-Range", ""))
+    if found is None:
+        if status == 206 or start != 0:
+            raise IntegrityError(
+                f"{what}: the server ignored the byte range it was asked for"
+                if status == 200
+                else f"{what}: the server answered a byte range without a valid Content-Range"
+            )
+        return  # a 200 with the whole file: its first bytes are the range asked for
+    first, last = int(found[1]), int(found[2])
+    if first != start or last < end - 1:
+        raise IntegrityError(
+            f"{what}: the server sent bytes {first}-{last} when asked for {start}-{end - 1}"
+        )

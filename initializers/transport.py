@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import socket
 import ssl
 import threading
@@ -37,7 +36,7 @@ from initializers.errors import (
     TransientError,
     UsageError,
 )
-from initializers.httpstatus import check_status
+from initializers.httpstatus import check_range, check_status, range_value
 from initializers.interrupts import on_interrupt
 from initializers.streams import RangeReader
 
@@ -251,14 +250,6 @@ class HttpTransport:
             manager.clear()
 
 
-def range_value(start: int, end: int) -> str:
-    """The ``Range`` header for bytes ``[start, end)`` (a source that signs it needs it first)."""
-    return f"bytes={start}-{end - 1}"
-
-
-_CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(?:\d+|\*)\s*$", re.IGNORECASE)
-
-
 def _tracked(manager: urllib3.PoolManager) -> urllib3.PoolManager:
     """``manager``, opening connections :func:`interrupt_reads` can reach."""
     manager.pool_classes_by_scheme = _POOLS
@@ -346,29 +337,6 @@ def _discard(response: urllib3.BaseHTTPResponse) -> None:
     """
     response.close()  # closes the connection too; the pool opens a fresh one for the next use
     response.release_conn()
-
-
-def check_range(status: int, headers: Mapping[str, str], start: int, end: int, what: str) -> None:
-    """Raise unless the body of a ranged GET starts at ``start`` and covers up to ``end``.
-
-    The ``Content-Range`` header is what says where the bytes belong, whatever the status: some
-    S3-compatible servers (rclone's) answer a range with 200 and a correct ``Content-Range``,
-    while a 200 without one from ``start`` > 0 means the server sent the whole file instead.
-    """
-    found = _CONTENT_RANGE.match(headers.get("Content-Range", ""))
-    if found is None:
-        if status == 206 or start != 0:
-            raise IntegrityError(
-                f"{what}: the server ignored the byte range it was asked for"
-                if status == 200
-                else f"{what}: the server answered a byte range without a valid Content-Range"
-            )
-        return  # a 200 with the whole file: its first bytes are the range asked for
-    first, last = int(found[1]), int(found[2])
-    if first != start or last < end - 1:
-        raise IntegrityError(
-            f"{what}: the server sent bytes {first}-{last} when asked for {start}-{end - 1}"
-        )
 
 
 def classify_exception(exc: BaseException, what: str) -> Exception:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from initializers.errors import IntegrityError
-from initializers.transport import check_range
+from initializers.httpstatus import check_range
 
 MIB = 1 << 20
 

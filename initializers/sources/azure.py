@@ -23,13 +23,13 @@ from urllib.parse import quote, urlencode, urlsplit
 
 from initializers.config import Settings
 from initializers.errors import AuthError, NotFoundError, TransientError, UsageError
-from initializers.httpstatus import status_error
+from initializers.httpstatus import range_value, status_error
 from initializers.retry import RetryPolicy
 from initializers.sources.azauth import API_VERSION, EntraToken, SharedKey
 from initializers.sources.base import Checksum, Listing, RemoteFile, Source
 from initializers.sources.prefix import Entry, list_prefix, split_location
 from initializers.streams import RangeReader
-from initializers.transport import HttpTransport, range_value
+from initializers.transport import HttpTransport
 
 log = logging.getLogger(__name__)
 

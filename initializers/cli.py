@@ -59,7 +59,7 @@ def main_for(defaults: AssetDefaults, argv: list[str] | None = None) -> NoReturn
 
     It ends without the interpreter's teardown, after flushing the logs and stdio: the native
     client's runtime threads can abort a normal interpreter exit (SIGABRT, exit 134) after all
-    work is done and reported (obstore 0.12; seen on this machine).
+    work is done and reported (seen with obstore 0.12, the native client before pyreqwest).
     """
     code = run(defaults, argv)
     logging.shutdown()

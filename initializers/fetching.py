@@ -17,7 +17,7 @@ from functools import partial
 from initializers import checksum as checksums
 from initializers.commits import GroupCommit, Verified
 from initializers.destination import storage_error
-from initializers.errors import IntegrityError
+from initializers.errors import IntegrityError, TransientError
 from initializers.filejob import CHECKPOINT, FileJob
 from initializers.fsutil import start_writeback
 from initializers.progress import Progress
@@ -48,8 +48,11 @@ class FileFetcher:
         self.progress = progress
         self.group = group
 
-    def fetch_range(self, job: FileJob, start: int, end: int) -> None:
-        """Fetch ``[start, end)`` into the .part, resuming within the range on retries.
+    def fetch_range(
+        self, job: FileJob, start: int, end: int, failed: TransientError | None = None
+    ) -> None:
+        """Fetch ``[start, end)`` into the .part, resuming within the range on retries;
+        ``failed``: a first attempt already made (the native loop's), counted in the budget.
 
         The retry budget counts attempts since the last one that got the range further
         (:data:`~initializers.retry.PROGRESS_BYTES`): a link that breaks every few MiB still
@@ -114,7 +117,7 @@ class FileFetcher:
                 checkpoint = position
 
         try:
-            self.retry.call(attempt, job.remote.path, progress=lambda: position)
+            self.retry.call(attempt, job.remote.path, progress=lambda: position, failed=failed)
         except OSError as exc:
             raise storage_error(exc, job.final) from None
         finally:

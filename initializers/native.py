@@ -1,35 +1,32 @@
-"""The native byte path for small bodies: GETs made in Rust by obstore (Arrow's ``object_store``).
+"""The native byte path for small bodies: GETs made in Rust by pyreqwest (reqwest, hyper, tokio).
 
-Why: on a dataset of many small files the urllib3 path spends about 1.5 ms of interpreter time
-per file building the request and parsing the response, under the GIL. Here the request, the
-redirects, the connection pool and the body live in Rust; Python hands over a path and gets the
-body back, and small files are requested ahead of the engine's workers, so a store 20 ms away
-gets many requests at once without a thread each. In `make bench` runs on a busy machine (load
-average ~6, 5 paired rounds) the Hub dataset went from 0.80x the naive "HfApi listing + obstore"
-script (a84d4ee) to 1.04x (8987203, 32 read ahead per process), and with 20 ms of latency from
-0.71x to 1.10x. 16 per process keeps the peak RSS of the two-process run at 126-145 MiB
-(32: 201 MiB).
+Why: on a dataset of many small files the urllib3 path spends about 0.8 ms of interpreter time
+per file building the request and parsing the response, in a thread per request that hands the
+GIL on at every system call. Here the request, the redirects, the connection pool and the body
+live in Rust, driven by one asyncio loop thread per process (the engine's
+:mod:`initializers.wholefiles` keeps many requests in flight there without a thread each);
+Python gets the status, the headers and the body back. The headers are what obstore, used here
+before, did not give: S3's ``x-amz-checksum-*`` now verify small objects on this path too.
 
 Only bodies up to :data:`WHOLE_BODY` come this way. Large ranges stay on the urllib3 path
-(:mod:`initializers.transport`), which reads into one reused buffer: streamed through obstore
-the 2 GiB benchmark model took 190-200 MiB of RSS at 16 ranges in flight (about 6 MiB held per
-stream) against 73 MiB, and ran slower.
+(:mod:`initializers.transport`), which reads into one reused buffer instead of holding a whole
+range in memory. :meth:`NativeHttp.open_range` serves worker threads (a retry, a checksum
+mismatch's second fetch) over the same client.
 
-How: one asyncio loop thread per process drives obstore's async calls; a worker thread waits for
-its body in short slices, so a stop (SIGTERM, through
-:func:`initializers.interrupts.interrupt_reads`) ends every wait at once and refuses any request
-that would start after. A stall ends at ``read_timeout`` (the gap between two reads). Failures are
-classified here, once, into the typed errors of :mod:`initializers.errors`, by the status rules
-of :mod:`initializers.httpstatus`; messages name the file, never the URL.
+A worker thread waits for its body in short slices, and the loop's work ends at once on a stop
+(SIGTERM, through :func:`initializers.interrupts.interrupt_reads`), which also refuses any
+request that would start after. A server that never answers is caught after ``timeout``
+seconds, a stalled body after the same gap between two reads. The client's runtime must never
+cross a fork: it is built on first use in each process, and once built, this process forks no
+workers (:func:`initializers.processes.forbid_fork`). The status is judged by
+:mod:`initializers.httpstatus`, as on the urllib3 path; messages name the file, never the URL.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import os
-import re
 import threading
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -37,27 +34,26 @@ from datetime import timedelta
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-import obstore
-from obstore import exceptions as native_errors
-from obstore.store import HTTPStore
+from pyreqwest import exceptions as native_errors
+from pyreqwest.client import Client, ClientBuilder
+from pyreqwest.proxy import ProxyBuilder
+from urllib3 import HTTPHeaderDict
 
-from initializers.errors import (
-    InitializerError,
-    IntegrityError,
-    TransientError,
-    UsageError,
-)
-from initializers.httpstatus import status_error
+from initializers import processes
+from initializers.errors import InitializerError, IntegrityError, TransientError, UsageError
+from initializers.httpstatus import check_range, check_status, range_value
 from initializers.interrupts import on_interrupt
 from initializers.streams import RangeReader
 
 WHOLE_BODY = 1 << 20  # the largest body read here: one call, and a cut loses no more than that
 CONNECT_TIMEOUT = 10.0
 WAIT_SLICE = 0.2  # seconds a waiting worker sleeps between looks at the stop flag
-READ_AHEAD = 16  # small bodies requested ahead of the workers, per process (<= 16 MiB held)
 REQUEST_LIMIT = timedelta(hours=1)  # stalls are caught by the read timeout, not by this
+MAX_REDIRECTS = 10
 
 T = TypeVar("T")
+Headers = Callable[[], Mapping[str, str]]  # a request's own headers, made as it is sent
+
 
 # Set once by the first interrupt, never cleared: a stop is final (a plain flag, as the signal
 # handler that sets it must take no lock).
@@ -117,9 +113,11 @@ def _wait(future: concurrent.futures.Future[T], what: str) -> T:
 class NativeHttp:
     """GETs of paths under one base URL (an origin, perhaps with a path prefix).
 
-    Redirects are followed (the Hub sends its large files to a CDN) and ``headers`` — the
-    token — are never sent to another host (reqwest drops them when a redirect changes host
-    or port). The environment's HTTP(S)_PROXY and NO_PROXY are honoured, as on the urllib3 path.
+    ``headers`` go with every request; a request may add its own, made as it is sent (an S3
+    signature, which must be fresh). Redirects are followed (the Hub sends its large files to a
+    CDN), and Authorization and Cookie are never sent to another host (reqwest drops them when
+    a redirect changes host or port). The environment's HTTP(S)_PROXY and NO_PROXY are
+    honoured, as on the urllib3 path. Paths come percent-encoded.
     """
 
     def __init__(
@@ -130,125 +128,134 @@ class NativeHttp:
         timeout: float,
         ca_bundle: str | None = None,
     ) -> None:
-        self._base_url = base_url
-        self._options = _client_options(base_url, dict(headers), timeout, ca_bundle)
-        self._store: tuple[int, HTTPStore] | None = None
+        self._base_url = base_url.rstrip("/")
+        self._headers = {"Accept-Encoding": "identity", **headers}
+        self._timeout = timeout
+        self._roots = _read_roots(ca_bundle)
+        self._client: tuple[int, Client] | None = None
         self._lock = threading.Lock()
-        self._ahead: dict[tuple[str, int, int], concurrent.futures.Future[Any]] = {}
-        self._budget: asyncio.Semaphore | None = None  # read-ahead bodies not yet taken
-        self._tasks: set[asyncio.Future[None]] = set()
 
-    def _store_here(self) -> HTTPStore:
-        """The store (and its connection pool) of this process: a child never uses its
-        parent's connections."""
+    def _client_here(self) -> Client:
+        """The client (its runtime and connection pool) of this process: a child never uses
+        its parent's, and a process that has one forks no workers after."""
         with self._lock:
-            if self._store is None or self._store[0] != os.getpid():
-                store = HTTPStore.from_url(
-                    self._base_url,
-                    client_options=self._options,  # type: ignore[arg-type]
-                    retry_config={"max_retries": 0},  # the engine's RetryPolicy retries
-                )
-                self._store = (os.getpid(), store)
-            return self._store[1]
+            if self._client is None or self._client[0] != os.getpid():
+                processes.forbid_fork("the native HTTP client's runtime is running")
+                self._client = (os.getpid(), self._build())
+            return self._client[1]
 
-    def read_ahead(self, requests: list[tuple[str, int, int, bool]]) -> None:
-        """Request these ``(path, start, end, whole)`` bodies now, in this order, ahead of the
-        :meth:`open_range` calls that will take them: requests in flight are then not bounded
-        by the engine's threads (a store 20 ms away needs many at once), while at most
-        :data:`READ_AHEAD` bodies of up to 1 MiB wait to be taken. Larger ones are left out."""
-        store = self._store_here()
-        queued = []
-        for path, start, end, whole in requests:
-            if end - start <= WHOLE_BODY and not _stopped:
-                future: concurrent.futures.Future[Any] = concurrent.futures.Future()
-                self._ahead[(path, start, end)] = future
-                queued.append((path, start, end, whole, future))
-        if queued:
-            asyncio.run_coroutine_threadsafe(self._run_ahead(store, queued), _running_loop())
+    def _build(self) -> Client:
+        headers = dict(self._headers)
+        builder = (
+            ClientBuilder()
+            .connect_timeout(timedelta(seconds=min(CONNECT_TIMEOUT, self._timeout)))
+            .read_timeout(timedelta(seconds=self._timeout))
+            .timeout(REQUEST_LIMIT)
+            .user_agent(headers.pop("User-Agent", "kf-initializers"))
+            .default_headers(headers)
+            .max_redirects(MAX_REDIRECTS)
+            .gzip(False)  # the bytes as stored: a checksum covers those
+            .brotli(False)
+            .deflate(False)
+            .zstd(False)
+            .no_proxy()  # then exactly the urllib3 path's proxy, below
+        )
+        proxy = _proxy_for(self._base_url)
+        if proxy is not None:
+            builder = builder.proxy(proxy)
+        for root in self._roots:
+            builder = builder.add_root_certificate_pem(root)
+        return builder.build()
 
-    async def _run_ahead(self, store: HTTPStore, queued: list[tuple[Any, ...]]) -> None:
-        if self._budget is None:
-            self._budget = asyncio.Semaphore(READ_AHEAD)
-        budget = self._budget
-        # Taken off the queue one by one: a future kept here would keep its body alive after
-        # the worker took it (every body of the run, measured: 1.2 GiB of RSS on 1 GiB).
-        pending = collections.deque(queued)
-        queued.clear()
-        while pending:
-            path, start, end, whole, future = pending.popleft()
-            await budget.acquire()
-            # A worker that got to it first has cancelled it and asked on its own.
-            if _stopped or not future.set_running_or_notify_cancel():
-                budget.release()
-                continue
-            task = asyncio.ensure_future(self._fill(store, path, start, end, whole, future))
-            self._tasks.add(task)  # the loop keeps only a weak reference
-            task.add_done_callback(self._tasks.discard)
+    def _url(self, path: str) -> str:
+        return f"{self._base_url}/{path.lstrip('/')}"
 
-    async def _fill(
+    async def get_whole(
+        self, path: str, size: int, what: str, headers: Mapping[str, str] | None = None
+    ) -> tuple[Mapping[str, str], Any]:
+        """GET the whole ``size``-byte file at ``path``, on this process's loop thread (see
+        :func:`run_on_loop`): its response headers and its body (a buffer)."""
+        if _stopped:
+            raise _stopped_error(what)
+        client, url = self._client_here(), self._url(path)
+        try:
+            body = await _read_all(client, url, 0, size, True, headers, what, self._timeout)
+        except Exception as exc:
+            raise classify(exc, what) from None
+        return body.headers, body.take()
+
+    def open_range(
         self,
-        store: HTTPStore,
         path: str,
         start: int,
         end: int,
+        what: str,
         whole: bool,
-        future: concurrent.futures.Future[Any],
-    ) -> None:
-        try:
-            future.set_result(await _read_all(store, path, start, end, whole))
-        except Exception as exc:
-            future.set_exception(exc)
-            self._release()
-
-    def _release(self) -> None:
-        if self._budget is not None:
-            self._budget.release()
-
-    def open_range(self, path: str, start: int, end: int, what: str, whole: bool) -> RangeReader:
-        """GET bytes ``[start, end)`` of ``path`` (at most :data:`WHOLE_BODY`); ``whole`` (the
-        range is the entire file) sends a plain GET, as servers attach whole-file checksums
-        only to those.
-
-        A body requested ahead is taken from there (once: a retry asks again); one whose turn
-        has not come yet is cancelled and asked for now."""
+        headers: Headers | None = None,
+    ) -> RangeReader:
+        """GET bytes ``[start, end)`` of ``path`` (at most :data:`WHOLE_BODY`) from a worker
+        thread, waiting in slices a stop ends; ``whole`` (the range is the entire file) sends a
+        plain GET, as servers attach whole-file checksums only to those."""
         if end - start > WHOLE_BODY:
             raise ValueError(f"{what}: {end - start} bytes is more than one native read")
-        store = self._store_here()
-        ahead = self._ahead.pop((path, start, end), None)
-        if ahead is not None and not ahead.cancel():
-            body = _wait(ahead, what)  # a failed one has given its place back already
-            _running_loop().call_soon_threadsafe(self._release)
-        else:
-            body = _call(lambda: _read_all(store, path, start, end, whole), what)
-        return _Body(body, end - start, what)
+        client = self._client_here()
+        url = self._url(path)
+        own = headers() if headers is not None else None
+        limit = self._timeout
+        return _call(lambda: _read_all(client, url, start, end, whole, own, what, limit), what)
 
     def close(self) -> None:
         with self._lock:
-            self._store = None  # its pool closes with it
-            for future in self._ahead.values():
-                future.cancel()
-            self._ahead.clear()
-            self._budget = None
+            self._client = None  # its pool closes with it
 
 
-async def _read_all(store: HTTPStore, path: str, start: int, end: int, whole: bool) -> Any:
-    options: dict[str, Any] = {} if whole else {"range": (start, end)}
-    result = await obstore.get_async(store, path, options=options)  # type: ignore[arg-type]
-    return await result.bytes_async()
+async def _read_all(
+    client: Client,
+    url: str,
+    start: int,
+    end: int,
+    whole: bool,
+    headers: Mapping[str, str] | None,
+    what: str,
+    timeout: float,
+) -> _Body:
+    own = dict(headers) if headers is not None else {}
+    if not whole:
+        own["Range"] = range_value(start, end)
+    # The client's read timeout starts with the body: a server that never answers is caught
+    # here, after the same gap.
+    try:
+        response = await asyncio.wait_for(client.get(url).headers(own).build().send(), timeout)
+    except TimeoutError:
+        raise TransientError(f"{what}: the server stalled past the timeout") from None
+    check_status(response.status, what, response.headers)
+    if not whole:
+        check_range(response.status, response.headers, start, end, what)
+    # Copied out of the client's map, which keeps its whole response alive (each file keeps its
+    # headers until committed).
+    headers_copy = HTTPHeaderDict(response.headers.items())
+    # Read in one piece, one byte more than asked: a longer body shows, and is never buffered
+    # whole (a server sending gigabytes where it listed a small file).
+    body = await response.body_reader.read(end - start + 1)
+    return _Body(headers_copy, body if body is not None else b"", end - start, what)
 
 
 class _Body(RangeReader):
-    """A response read whole by the native client."""
+    """A response read whole by the native client, with its headers."""
 
-    headers: Mapping[str, str] = {}
-
-    def __init__(self, body: Any, length: int, what: str) -> None:
+    def __init__(self, headers: Mapping[str, str], body: Any, length: int, what: str) -> None:
         _check_length(len(body), length, what)
+        self.headers = headers
         self._body = body
 
     def chunks(self) -> Iterator[memoryview]:
         if len(self._body):
             yield memoryview(self._body)
+
+    def take(self) -> Any:
+        """The body itself (once)."""
+        body, self._body = self._body, b""
+        return body
 
     def close(self) -> None:
         self._body = b""
@@ -261,76 +268,65 @@ def _check_length(received: int, expected: int, what: str) -> None:
         raise IntegrityError(f"{what}: the server sent more bytes than asked")
 
 
-def _client_options(
-    base_url: str, headers: dict[str, str], timeout: float, ca_bundle: str | None
-) -> dict[str, Any]:
+def _read_roots(ca_bundle: str | None) -> list[bytes]:
+    """The PEM certificates of ``ca_bundle``, one by one (the client takes one at a time)."""
+    if not ca_bundle:
+        return []
+    try:
+        with open(ca_bundle, "rb") as bundle:
+            text = bundle.read()
+    except OSError as exc:
+        raise UsageError(f"cannot read the CA bundle {ca_bundle}: {exc.strerror}") from None
+    end = b"-----END CERTIFICATE-----"
+    return [part.strip() + b"\n" + end + b"\n" for part in text.split(end) if b"-----BEGIN" in part]
+
+
+def _proxy_for(base_url: str) -> ProxyBuilder | None:
+    """The environment's proxy for ``base_url``'s scheme, as the urllib3 path chooses it."""
     parts = urlsplit(base_url)
-    options: dict[str, Any] = {
-        "allow_http": parts.scheme == "http",
-        "connect_timeout": timedelta(seconds=min(CONNECT_TIMEOUT, timeout)),
-        "read_timeout": timedelta(seconds=timeout),
-        "timeout": REQUEST_LIMIT,
-        "user_agent": headers.pop("User-Agent", "kf-initializers"),
-        "default_headers": headers,
-    }
-    if ca_bundle:
-        try:
-            with open(ca_bundle, "rb") as bundle:
-                options["root_certificate"] = bundle.read()
-        except OSError as exc:
-            raise UsageError(f"cannot read the CA bundle {ca_bundle}: {exc.strerror}") from None
     proxy = urllib.request.getproxies_environment().get(parts.scheme)
-    if proxy and not urllib.request.proxy_bypass_environment(parts.hostname or ""):
-        options["proxy_url"] = proxy
-        no_proxy = os.environ.get("NO_PROXY") or os.environ.get("no_proxy")
-        if no_proxy:
-            options["proxy_excludes"] = no_proxy
-    return options
+    if not proxy or urllib.request.proxy_bypass_environment(parts.hostname or ""):
+        return None
+    builder = ProxyBuilder.https(proxy) if parts.scheme == "https" else ProxyBuilder.http(proxy)
+    no_proxy = os.environ.get("NO_PROXY") or os.environ.get("no_proxy")
+    return builder.no_proxy(no_proxy) if no_proxy else builder
 
 
-_STATUS = re.compile(r"status code: (\d{3})")
-_KIND = re.compile(r"HttpError \{\s*kind: (\w+)")
-
-
-def classify(exc: BaseException, what: str) -> InitializerError:
-    """Map an obstore failure to a typed error, with a message free of URLs.
-
-    obstore 0.12 names the HTTP status only in its message ("... status code: 503 ..."), so the
-    status is read from there and judged by :mod:`initializers.httpstatus`, as on the urllib3 path.
-    """
-    if isinstance(exc, InitializerError):
+def classify(exc: BaseException, what: str) -> InitializerError | TransientError:
+    """Map a failure of the native client to a typed error, with a message free of URLs."""
+    if isinstance(exc, InitializerError | TransientError):
         return exc
-    if isinstance(exc, FileNotFoundError):  # obstore's NotFoundError
-        return _status_error(404, what)
-    if isinstance(exc, native_errors.UnauthenticatedError):
-        return _status_error(401, what)
-    if isinstance(exc, native_errors.PermissionDeniedError):
-        return _status_error(403, what)
-    if isinstance(exc, native_errors.PreconditionError):
-        return _status_error(412, what)
-    if isinstance(exc, native_errors.NotSupportedError):
-        return IntegrityError(f"{what}: the server ignored the byte range it was asked for")
-    text = str(exc)
-    found = _STATUS.search(text)
-    if found:
-        return _status_error(int(found[1]), what)
-    lowered = text.lower()
-    if "certificate" in lowered or "invalid peer" in lowered:
-        return UsageError(
-            f"{what}: TLS verification failed; pass --ca-bundle with the endpoint's CA, "
-            "or use its http:// URL"
-        )
-    # The kind object_store gives the failure, from its debug text ("HttpError { kind: ...").
-    kind = _KIND.search(text)
-    reason = kind[1] if kind else type(exc).__name__
-    if reason == "Connect":
+    text = str(exc).lower()
+    if isinstance(exc, native_errors.ConnectError | native_errors.ConnectTimeoutError):
+        if "certificate" in text or "invalid peer" in text or "tls" in text:
+            return UsageError(
+                f"{what}: TLS verification failed; pass --ca-bundle with the endpoint's CA, "
+                "or use its http:// URL"
+            )
         return TransientError(f"{what}: cannot connect to the server")
-    if reason == "Timeout":
+    if isinstance(exc, native_errors.RequestTimeoutError):
         return TransientError(f"{what}: the server stalled past the timeout")
-    if "too many redirects" in lowered:
+    if isinstance(exc, native_errors.RedirectError):
         return TransientError(f"{what}: too many redirects")
-    return TransientError(f"{what}: connection failed ({reason})")
+    return TransientError(f"{what}: connection failed ({type(exc).__name__})")
 
 
-def _status_error(status: int, what: str) -> InitializerError:
-    return status_error(status, what) or TransientError(f"{what}: HTTP {status} in a failure")
+def run_on_loop(make: Callable[[], Awaitable[None]], stop: threading.Event) -> None:
+    """Run ``make()`` on this process's loop thread until it ends, or until a stop (``stop``,
+    or SIGTERM) cancels it; either way return only once it has ended, so nothing it started
+    still writes when the caller moves on."""
+    ended = threading.Event()
+
+    async def run() -> None:
+        try:
+            await make()
+        finally:
+            ended.set()
+
+    future = asyncio.run_coroutine_threadsafe(run(), _running_loop())
+    while not ended.wait(WAIT_SLICE):
+        if _stopped or stop.is_set():
+            future.cancel()
+            ended.wait()
+            return
+    future.result()  # its failure, if it failed

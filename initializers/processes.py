@@ -53,9 +53,21 @@ def usable_cpus() -> int:
     return cpus
 
 
+_fork_unsafe: str | None = None  # why this process must not fork workers, once it must not
+
+
+def forbid_fork(reason: str) -> None:
+    """From now on this process shares its files with no forked worker: something started here
+    (a native client's runtime threads) would not survive into a child."""
+    global _fork_unsafe
+    _fork_unsafe = _fork_unsafe or reason
+
+
 def process_count(small_files: int, workers: int) -> int:
     """How many processes (the parent included) should share ``small_files`` files among
     ``workers`` parallel requests."""
+    if _fork_unsafe is not None:
+        return 1
     return max(1, min(MAX_PROCESSES, usable_cpus(), workers, small_files // FILES_PER_PROCESS))
 
 

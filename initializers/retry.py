@@ -39,11 +39,18 @@ class RetryPolicy:
     max_wait: float = 10.0
     sleep: Callable[[float], None] = time.sleep
 
-    def call(self, fn: Callable[[], T], what: str, progress: Callable[[], int] | None = None) -> T:
+    def call(
+        self,
+        fn: Callable[[], T],
+        what: str,
+        progress: Callable[[], int] | None = None,
+        failed: TransientError | None = None,
+    ) -> T:
         """Run ``fn``, retrying transient failures; raise UnavailableError when they persist.
 
         ``progress``, when given, returns how far the work has got (bytes): the budget is then
         counted from the last attempt that advanced it by :data:`PROGRESS_BYTES` or more.
+        ``failed`` is a first attempt made elsewhere (the native loop's) that counts as one.
 
         The first attempt is a plain call: tenacity's bookkeeping (a ``Retrying`` and its state,
         44 µs a call measured here) is only set up once it fails: on a dataset of small files
@@ -51,10 +58,13 @@ class RetryPolicy:
         """
         started = time.monotonic()
         mark = progress() if progress else 0
-        try:
-            return _unless_stopped(fn)
-        except TransientError as exc:
-            failures = [exc]
+        if failed is not None:
+            failures = [failed]
+        else:
+            try:
+                return _unless_stopped(fn)
+            except TransientError as exc:
+                failures = [exc]
         streak = _Streak(self, progress or (lambda: 0), mark, started)
 
         def again() -> T:  # attempt 1 is the failure already met; the rest call fn

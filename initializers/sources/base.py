@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from initializers.streams import RangeReader
 
@@ -72,9 +72,12 @@ class Source(ABC):
     def open_range(self, file: RemoteFile, start: int, end: int) -> RangeReader:
         """Open bytes ``[start, end)`` of ``file``."""
 
-    def read_ahead(self, ranges: list[tuple[RemoteFile, int, int]]) -> None:  # noqa: B027
-        """A hint: these ``(file, start, end)`` ranges will be opened, in about this order; a
-        source may start requesting them now."""
+    fetches_whole = False  # has fetch_whole: small files go over the native event loop
+
+    async def fetch_whole(self, file: RemoteFile) -> tuple[Mapping[str, str], Any]:
+        """GET the whole of a small ``file`` on the native loop (:mod:`initializers.native`):
+        the response headers and the body, a buffer. Only where ``fetches_whole``."""
+        raise NotImplementedError
 
     def check_access(self, file: RemoteFile) -> None:
         """Prove the caller may read ``file`` (not empty) or raise AuthError, reading as few

@@ -11,7 +11,9 @@ is never sent to another host.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator, Mapping
 from typing import Any, Self
 from urllib.parse import quote, urlsplit
 
@@ -201,23 +203,21 @@ class HfSource(Source):
     # -- fetching -------------------------------------------------------------------------------
 
     def _resolve_path(self, file: RemoteFile) -> str:
-        """The file's ``resolve`` path under the endpoint, pinned to the listed commit (the
-        native client percent-encodes each segment)."""
+        """The file's ``resolve`` path under the endpoint, pinned to the listed commit."""
         kind = "" if self.repo_type == "model" else f"{self.repo_type}s/"
-        return f"{kind}{self.repo_id}/resolve/{quote(self._commit or '', safe='')}/{file.locator}"
+        commit = quote(self._commit or "", safe="")
+        return f"{kind}{self.repo_id}/resolve/{commit}/{quote(file.locator, safe='/')}"
 
-    def read_ahead(self, ranges: list[tuple[RemoteFile, int, int]]) -> None:
-        self._small.read_ahead(
-            [
-                (self._resolve_path(f), s, e, s == 0 and e == f.size)
-                for f, s, e in ranges
-                if e - s <= WHOLE_BODY
-            ]
-        )
+    fetches_whole = True
+
+    async def fetch_whole(self, file: RemoteFile) -> tuple[Mapping[str, str], Any]:
+        """A small file over the native path (the engine's ``wholefiles``)."""
+        with self._gated_refusal():
+            return await self._small.get_whole(self._resolve_path(file), file.size, file.path)
 
     def open_range(self, file: RemoteFile, start: int, end: int) -> RangeReader:
         whole = start == 0 and end == file.size
-        try:
+        with self._gated_refusal():
             if end - start <= WHOLE_BODY:
                 return self._small.open_range(
                     self._resolve_path(file), start, end, file.path, whole
@@ -230,8 +230,15 @@ class HfSource(Source):
                 endpoint=self.endpoint,
             )
             return self._large.open_range(url, self._headers, start, end, file.path)
+
+    @contextlib.contextmanager
+    def _gated_refusal(self) -> Iterator[None]:
+        """A refused download of a gated repo's file says why: the Hub lists gated repos
+        freely and refuses only the bytes."""
+        try:
+            yield
         except AuthError:
-            if self._gated:  # the Hub lists gated repos freely and refuses only the bytes
+            if self._gated:
                 raise AuthError(self._gated_message()) from None
             raise
 

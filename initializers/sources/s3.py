@@ -21,6 +21,7 @@ from urllib.parse import quote, urlsplit
 from initializers import checksum as checksums
 from initializers.config import Settings
 from initializers.errors import NotFoundError, UsageError
+from initializers.native import NativeHttp
 from initializers.retry import RetryPolicy
 from initializers.sources import s3rest
 from initializers.sources.base import Checksum, Listing, RemoteFile, Source
@@ -90,6 +91,9 @@ class S3Source(Source):
         self._origin = f"{bucket_url.scheme}://{bucket_url.netloc}"
         self._host = host_header(bucket_url)
         self._bucket_path = bucket_url.path
+        self._native = NativeHttp(
+            self._origin, headers={}, timeout=settings.timeout, ca_bundle=settings.ca_bundle
+        )
         self._with_additional: set[str] = set()  # keys listed with an additional checksum
         self._listed_composite: set[str] = set()  # keys listed with a checksum of their parts
 
@@ -165,17 +169,32 @@ class S3Source(Source):
 
     # -- fetching -------------------------------------------------------------------------------
 
+    fetches_whole = True
+
+    async def fetch_whole(self, file: RemoteFile) -> tuple[Mapping[str, str], Any]:
+        """A small object over the native path (the engine's ``wholefiles``), signed as sent."""
+        path = self._object_path(file)
+        headers = self._headers(path, True, file.version)
+        return await self._native.get_whole(path, file.size, file.path, headers)
+
     def open_range(self, file: RemoteFile, start: int, end: int) -> RangeReader:
         whole = start == 0 and end == file.size
-        path = self._bucket_path + quote(file.locator, safe="/~")
-        # A whole-object GET can carry the object's additional checksum in its headers.
-        signed = {"x-amz-checksum-mode": "ENABLED"} if whole else {}
-        if self._signer is not None:
-            signed = self._signer.sign(self._host, path, signed)
-        headers = {**signed, "If-Match": f'"{file.version}"'} if file.version else signed
+        path = self._object_path(file)
+        headers = self._headers(path, whole, file.version)
         return self._transport.open_range(
             self._origin + path, headers, start, end, file.path, whole=whole
         )
+
+    def _object_path(self, file: RemoteFile) -> str:
+        return self._bucket_path + quote(file.locator, safe="/~")
+
+    def _headers(self, path: str, whole: bool, version: str | None) -> dict[str, str]:
+        """A GET's headers, signed now. A whole-object GET asks for the object's additional
+        checksum (S3 sends it only on those); ``If-Match`` pins the listed version."""
+        signed = {"x-amz-checksum-mode": "ENABLED"} if whole else {}
+        if self._signer is not None:
+            signed = self._signer.sign(self._host, path, signed)
+        return {**signed, "If-Match": f'"{version}"'} if version else signed
 
     def checksum_for(self, file: RemoteFile, headers: Mapping[str, str]) -> Checksum | None:
         """Prefer the object's additional checksum (from the GET, else one HEAD), then the
@@ -204,6 +223,7 @@ class S3Source(Source):
         return file.checksum
 
     def close(self) -> None:
+        self._native.close()
         self._transport.close()
         self._plane.close()
 

@@ -1,10 +1,11 @@
-"""The Hub's two byte paths stop, time out and resume alike: native for small files, urllib3 for
+"""The two byte paths stop, time out and resume alike: native for small files, urllib3 for
 large ranges.
 
-What the native path (obstore) does differently: its reads wait in Rust, where no socket of ours
-can be shut down, so a stop ends the waits and refuses new requests; a stall is caught between
-two reads; and small files are requested ahead of the workers. These specs drive the real CLI
-(and, for the cancel, the client itself) against the local Hub, whose CDN stalls on demand.
+What the native path (pyreqwest) does differently: its reads wait in Rust, where no socket of
+ours can be shut down, so a stop ends the waits and refuses new requests; a stall is caught
+between two reads; small files are requested ahead of the workers; and its runtime must never
+cross a fork. These specs drive the real CLI (and, for the cancel, the client itself) against
+the local Hub, whose CDN stalls on demand.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import time
 
 import pytest
 
-from initializers import interrupts, native
+from initializers import interrupts, native, processes
+from initializers.config import SMALL_IN_FLIGHT
 from initializers.errors import AuthError, NotFoundError, TransientError
 from initializers.progress import human_bytes
 from tests.reliability.conftest import FIGURES, stop_with_sigterm
@@ -118,12 +120,12 @@ def test_a_native_request_in_flight_is_cancelled_by_the_stop_and_a_later_one_ref
     assert time.monotonic() - started < 1.0
 
 
-def test_small_files_are_requested_ahead_of_the_workers_not_two_at_a_time(
+def test_small_files_keep_several_times_the_workers_requests_in_flight_on_the_hub(
     hub, run_initializer, tmp_path
 ):
-    # Requests in flight are what a store 20 ms away needs, and two workers must not mean two:
-    # every resolve here waits 1 s, so all those that arrive within 0.9 s of the first are open
-    # at the same time.
+    # Requests in flight are what a store 20 ms away needs, and two workers must not mean two
+    # (the native loop keeps SMALL_IN_FLIGHT per worker): every resolve here waits 1 s, so all
+    # those that arrive within 0.9 s of the first are open at the same time.
     files = {f"data/{i:02d}.jsonl": os.urandom(1000 + i) for i in range(24)}
     hub.add_repo("org/m", files, repo_type="dataset")
     arrivals: list[float] = []
@@ -143,7 +145,10 @@ def test_small_files_are_requested_ahead_of_the_workers_not_two_at_a_time(
     assert result.code == 0, result.output
     assert {name: (out / name).read_bytes() for name in files} == files
     open_together = sum(1 for t in arrivals if t - arrivals[0] < 0.9)
-    assert open_together >= 8, (open_together, [round(t - arrivals[0], 2) for t in arrivals])
+    assert open_together == 2 * SMALL_IN_FLIGHT, (
+        open_together,
+        [round(t - arrivals[0], 2) for t in arrivals],
+    )
 
 
 @pytest.mark.parametrize(
@@ -175,3 +180,14 @@ def test_a_native_request_to_a_closed_port_is_a_transient_cannot_connect(monkeyp
     client = native.NativeHttp("http://127.0.0.1:9", headers={}, timeout=5)  # discard: closed
     with pytest.raises(TransientError, match=r"^weights: cannot connect to the server$"):
         client.open_range("org/m/resolve/x/model.safetensors", 0, 10, "weights", True)
+
+
+def test_a_process_whose_native_client_runs_forks_no_workers(monkeypatch):
+    # A runtime's threads do not survive a fork: a child would fail its first native request.
+    monkeypatch.setattr(processes, "_fork_unsafe", None)
+    monkeypatch.setattr(processes, "usable_cpus", lambda: 4)
+    assert processes.process_count(2000, 16) == 4
+    client = native.NativeHttp("http://127.0.0.1:9", headers={}, timeout=5)
+    with pytest.raises(TransientError):
+        client.open_range("x", 0, 10, "weights", True)
+    assert processes.process_count(2000, 16) == 1

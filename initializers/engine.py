@@ -63,10 +63,11 @@ log = logging.getLogger(__name__)
 
 MIB = 1 << 20
 SMALL_BODY = MIB  # a range this small runs on the small files' pool (SMALL_IN_FLIGHT)
-# Small files a process keeps in flight on the native loop, at most: each costs ~2 MiB of RSS
-# (the benchmark's S3 dataset, one process: 88 MiB at 4 in flight, 122 at 16, 176 at 48), and
-# without latency 4 were as fast as 48 (3.00 s against 2.66-3.03 s, single runs).
-MAX_BODIES_IN_FLIGHT = 16
+# Small files a process keeps in flight on the native loop, at most: each holds its body, ~1-2
+# MiB of RSS (the benchmark's S3 dataset, one process: 88 MiB at 4 in flight, 122 at 16, 176 at
+# 48). Paired rounds with 20 ms before every first byte, two processes: 12 against 16 took 0.98x
+# the time (0.85-1.04) for a peak of 157-166 MiB against 164-195 (the target is 200).
+MAX_BODIES_IN_FLIGHT = 12
 
 
 @dataclass

@@ -234,9 +234,13 @@ async def _read_all(
     # Copied out of the client's map, which keeps its whole response alive (each file keeps its
     # headers until committed).
     headers_copy = HTTPHeaderDict(response.headers.items())
-    # Read in one piece, one byte more than asked: a longer body shows, and is never buffered
-    # whole (a server sending gigabytes where it listed a small file).
-    body = await response.body_reader.read(end - start + 1)
+    # Read in one piece. Where Content-Length says the size asked, the client stops there;
+    # otherwise one byte more shows a longer body, never buffered whole (a server sending
+    # gigabytes where it listed a small file). One byte more every time cost RSS: the S3
+    # dataset's peak in one process, 16 in flight, went from 122 MiB to 108-112 MiB without it.
+    length = end - start
+    framed = response.headers.get("Content-Length") == str(length)
+    body = await response.body_reader.read(length if framed else length + 1)
     return _Body(headers_copy, body if body is not None else b"", end - start, what)
 
 

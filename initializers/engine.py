@@ -65,8 +65,9 @@ MIB = 1 << 20
 SMALL_BODY = MIB  # a range this small runs on the small files' pool (SMALL_IN_FLIGHT)
 # Small files a process keeps in flight on the native loop, at most: each holds its body, ~1-2
 # MiB of RSS (the benchmark's S3 dataset, one process: 88 MiB at 4 in flight, 122 at 16, 176 at
-# 48). Paired rounds with 20 ms before every first byte, two processes: 12 against 16 took 0.98x
-# the time (0.85-1.04) for a peak of 157-166 MiB against 164-195 (the target is 200).
+# 48). Paired rounds with 20 ms before every first byte, two processes: 12 took 1.01x the time
+# of 16 (0.96-1.18) for a peak of 157-166 MiB against 164-195 (the target is 200); 24 were 1.23x
+# faster on the Hub dataset there but peaked at 180-206 MiB.
 MAX_BODIES_IN_FLIGHT = 12
 
 
@@ -326,23 +327,24 @@ class Engine:
         group = GroupCommit(self.dest, self._commits)  # one per run of jobs (per process)
         fetcher = FileFetcher(self.source, self.retry, self.stop, self._progress, group)
 
-        def run_range(job: FileJob, start: int, end: int) -> None:
+        def run_range(
+            job: FileJob, start: int, end: int, failed: TransientError | None = None
+        ) -> None:
             job.make_room()  # before the request: what is planted after it is replaced
-            fetcher.fetch_range(job, start, end)
+            fetcher.fetch_range(job, start, end, failed)
             if job.range_finished():
                 fetcher.commit(job)
 
-        # Small files fetched whole on the native loop, where the source can (wholefiles.py).
         def after_failure(job: FileJob, failure: Exception) -> None:
-            """A small file the native loop failed to fetch, the workers' way."""
+            """A small file the native loop could not fetch, the workers' way: a final failure
+            ends the run as it would have here, a transient one counts in the retry budget."""
             if isinstance(failure, InitializerError):
-                raise failure  # final, as it would have been here
+                raise failure
             transient = failure if isinstance(failure, TransientError) else None
-            job.make_room()
-            fetcher.fetch_range(job, 0, job.remote.size, failed=transient)
-            if job.range_finished():
-                fetcher.commit(job)
+            run_range(job, 0, job.remote.size, transient)
 
+        # Small files fetched whole on the native loop, where the source can (wholefiles.py);
+        # the workers then only verify and commit them.
         whole = [
             job
             for job in jobs
@@ -352,6 +354,8 @@ class Engine:
         ]
         picked = {id(job) for job in whole}
         # Small files' requests wait in threads unless the loop has them: then a thread a worker.
+        # Large ranges run on ``workers`` threads of their own: each keeps its read-back buffers
+        # (RSS on the Hub model: 189 MiB when they ran on the small files' threads too, not 132).
         small_threads = workers if whole else workers * SMALL_IN_FLIGHT
         futures: list[Future[None]] = []
 
@@ -390,8 +394,9 @@ class Engine:
                     )
                     native.run_on_loop(fetch, self.stop)
                 while pending := [future for future in futures if not future.done()]:
-                    wait(pending, return_when=FIRST_EXCEPTION)
-                    if self.stop.is_set():
+                    done, _ = wait(pending, return_when=FIRST_EXCEPTION)
+                    if self.stop.is_set() or any(not f.cancelled() and f.exception() for f in done):
+                        self.stop.set()
                         for future in pending:
                             future.cancel()
                 errors = [f.exception() for f in futures if not f.cancelled() and f.exception()]

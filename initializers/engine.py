@@ -369,10 +369,13 @@ class Engine:
                 ThreadPoolExecutor(small_threads, thread_name_prefix="small") as small,
             ):
 
-                def submit(pool: ThreadPoolExecutor, task: Callable[..., None], *args: Any) -> None:
+                def submit(
+                    pool: ThreadPoolExecutor, task: Callable[..., None], *args: Any
+                ) -> Future[None]:
                     future = pool.submit(task, *args)
                     future.add_done_callback(stop_on_failure)
                     futures.append(future)  # atomic: the loop thread appends too
+                    return future
 
                 for job in jobs:
                     if not job.ranges:

@@ -18,11 +18,14 @@ import asyncio
 import os
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 
 from initializers.checksum import digest_bytes
 from initializers.filejob import FileJob
 from initializers.progress import Progress
 from initializers.sources.base import Source
+
+BACKLOG = 4  # files fetched but not yet committed, per request in flight
 
 
 async def fetch_whole_files(
@@ -32,35 +35,52 @@ async def fetch_whole_files(
     in_flight: int,
     stop: threading.Event,
     progress: Progress,
-    fetched: Callable[[FileJob], None],
-    failed: Callable[[FileJob, Exception], None],
+    fetched: Callable[[FileJob], Future[None]],
+    failed: Callable[[FileJob, Exception], Future[None]],
 ) -> None:
     """Fetch each job's whole file into its ``.part``, ``in_flight`` at a time, in order; then
     hand it to ``fetched`` (to verify and commit), or, when anything went wrong, to
-    ``failed`` with the failure (the workers' way decides what it means)."""
+    ``failed`` with the failure (the workers' way decides what it means). Each returns the
+    future of that work: files handed on but not done with are bounded too, as each holds
+    its ``.part`` open."""
     limit = asyncio.Semaphore(in_flight)
+    backlog = asyncio.Semaphore(in_flight * BACKLOG)
+    loop = asyncio.get_running_loop()
+
+    def release_when_done(future: Future[None]) -> None:
+        future.add_done_callback(lambda _: loop.call_soon_threadsafe(backlog.release))
 
     async def one(job: FileJob) -> None:
-        async with limit:
+        await backlog.acquire()
+        handed: Future[None] | None = None
+        try:
+            async with limit:
+                handed = await fetch(job)
+        finally:
+            if handed is None:
+                backlog.release()
+            else:
+                release_when_done(handed)
+
+    async def fetch(job: FileJob) -> Future[None] | None:
+        if stop.is_set():
+            return None
+        try:
+            job.make_room()  # before the request: what is planted after it is replaced
+            headers, body = await source.fetch_whole(job.remote)
             if stop.is_set():
-                return
-            try:
-                job.make_room()  # before the request: what is planted after it is replaced
-                headers, body = await source.fetch_whole(job.remote)
-                if stop.is_set():
-                    return
-                job.note_headers(headers)
-                view = memoryview(body)
-                _write_all(job.open(), view)
-                # Digested here, from memory: a worker reading it back needs a buffer of its own.
-                expected = job.expected_checksum(source)
-                if expected is not None:
-                    job.streamed_digest = digest_bytes(view, expected.algorithm)
-            except Exception as exc:
-                failed(job, exc)
-                return
-            progress.add_bytes(len(body))
-            fetched(job)
+                return None
+            job.note_headers(headers)
+            view = memoryview(body)
+            _write_all(job.open(), view)
+            # Digested here, from memory: a worker reading it back needs a buffer of its own.
+            expected = job.expected_checksum(source)
+            if expected is not None:
+                job.streamed_digest = digest_bytes(view, expected.algorithm)
+        except Exception as exc:
+            return failed(job, exc)
+        progress.add_bytes(len(body))
+        return fetched(job)
 
     await asyncio.gather(*(one(job) for job in jobs))
 

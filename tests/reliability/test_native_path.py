@@ -11,17 +11,21 @@ the local Hub, whose CDN stalls on demand.
 from __future__ import annotations
 
 import os
+import ssl
 import threading
 import time
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from initializers import interrupts, native, processes
 from initializers.config import SMALL_IN_FLIGHT
-from initializers.errors import AuthError, NotFoundError, TransientError
+from initializers.errors import AuthError, NotFoundError, TransientError, UsageError
 from initializers.progress import human_bytes
 from tests.reliability.conftest import FIGURES, stop_with_sigterm
 from tests.servers.hub import Fault, fail_times
+from tests.servers.tls import ca_signed
 
 MIB = 1 << 20
 
@@ -191,3 +195,31 @@ def test_a_process_whose_native_client_runs_forks_no_workers(monkeypatch):
     with pytest.raises(TransientError):
         client.open_range("x", 0, 10, "weights", True)
     assert processes.process_count(2000, 16) == 1
+
+
+def test_the_native_path_trusts_the_ca_bundle_it_is_given_and_names_a_refused_certificate(
+    tmp_path, monkeypatch
+):
+    # A Hub mirror behind a private CA serves its small files over this path: --ca-bundle must
+    # reach it, as it reaches urllib3.
+    monkeypatch.setattr(native, "_stopped", False)
+    ca, cert, key, www = (tmp_path / name for name in ("ca.pem", "cert.pem", "key.pem", "www"))
+    ca_signed(ca, cert, key)
+    www.mkdir()
+    body = os.urandom(4096)
+    (www / "f.bin").write_bytes(body)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(SimpleHTTPRequestHandler, directory=www))
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"https://127.0.0.1:{server.server_address[1]}"
+    try:
+        trusted = native.NativeHttp(base, headers={}, timeout=10, ca_bundle=str(ca))
+        with trusted.open_range("f.bin", 0, len(body), "f.bin", True) as reader:
+            assert b"".join(bytes(chunk) for chunk in reader.chunks()) == body
+        untrusted = native.NativeHttp(base, headers={}, timeout=10)
+        with pytest.raises(UsageError, match=r"^f\.bin: TLS verification failed; pass --ca-bundle"):
+            untrusted.open_range("f.bin", 0, len(body), "f.bin", True)
+    finally:
+        server.shutdown()

@@ -8,7 +8,6 @@ certificate (``ca_file``) and turns on Azurite's OAuth check, which bearer token
 from __future__ import annotations
 
 import base64
-import datetime
 import hashlib
 import os
 import subprocess
@@ -20,6 +19,7 @@ from urllib.parse import quote
 from initializers.sources.azauth import API_VERSION, SharedKey
 from initializers.sources.azure import DEV_ACCOUNT, DEV_KEY
 from tests.servers.ports import free_port, wait_for_port
+from tests.servers.tls import self_signed
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -71,40 +71,8 @@ class Azurite:
         return self
 
     def _self_signed(self) -> Path:
-        from cryptography import x509
-        from cryptography.hazmat.primitives import hashes, serialization
-        from cryptography.hazmat.primitives.asymmetric import rsa
-        from cryptography.x509.oid import NameOID
-
-        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-        now = datetime.datetime.now(datetime.UTC)
-        import ipaddress
-
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(name)
-            .issuer_name(name)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(days=1))
-            .not_valid_after(now + datetime.timedelta(days=7))
-            .add_extension(
-                x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                critical=False,
-            )
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256())
-        )
-        self.ca_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         key_file = self.root / "key.pem"
-        key_file.write_bytes(
-            key.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.TraditionalOpenSSL,
-                serialization.NoEncryption(),
-            )
-        )
+        self_signed(self.ca_file, key_file)
         return key_file
 
     def stop(self) -> None:

@@ -52,7 +52,6 @@ REQUEST_LIMIT = timedelta(hours=1)  # stalls are caught by the read timeout, not
 MAX_REDIRECTS = 10
 
 T = TypeVar("T")
-Headers = Callable[[], Mapping[str, str]]  # a request's own headers, made as it is sent
 
 
 # Set once by the first interrupt, never cleared: a stop is final (a plain flag, as the signal
@@ -191,7 +190,6 @@ class NativeHttp:
         end: int,
         what: str,
         whole: bool,
-        headers: Headers | None = None,
     ) -> RangeReader:
         """GET bytes ``[start, end)`` of ``path`` (at most :data:`WHOLE_BODY`) from a worker
         thread, waiting in slices a stop ends; ``whole`` (the range is the entire file) sends a
@@ -200,9 +198,8 @@ class NativeHttp:
             raise ValueError(f"{what}: {end - start} bytes is more than one native read")
         client = self._client_here()
         url = self._url(path)
-        own = headers() if headers is not None else None
         limit = self._timeout
-        return _call(lambda: _read_all(client, url, start, end, whole, own, what, limit), what)
+        return _call(lambda: _read_all(client, url, start, end, whole, None, what, limit), what)
 
     def close(self) -> None:
         with self._lock:

@@ -139,7 +139,7 @@ class NativeHttp:
         its parent's, and a process that has one forks no workers after."""
         with self._lock:
             if self._client is None or self._client[0] != os.getpid():
-                processes.forbid_fork("the native HTTP client's runtime is running")
+                processes.forbid_fork()  # its runtime's threads would not survive one
                 self._client = (os.getpid(), self._build())
             return self._client[1]
 

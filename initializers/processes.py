@@ -53,20 +53,20 @@ def usable_cpus() -> int:
     return cpus
 
 
-_fork_unsafe: str | None = None  # why this process must not fork workers, once it must not
+_fork_forbidden = False  # set for good once something started here would not survive a fork
 
 
-def forbid_fork(reason: str) -> None:
+def forbid_fork() -> None:
     """From now on this process shares its files with no forked worker: something started here
     (a native client's runtime threads) would not survive into a child."""
-    global _fork_unsafe
-    _fork_unsafe = _fork_unsafe or reason
+    global _fork_forbidden
+    _fork_forbidden = True
 
 
 def process_count(small_files: int, workers: int) -> int:
     """How many processes (the parent included) should share ``small_files`` files among
     ``workers`` parallel requests."""
-    if _fork_unsafe is not None:
+    if _fork_forbidden:
         return 1
     return max(1, min(MAX_PROCESSES, usable_cpus(), workers, small_files // FILES_PER_PROCESS))
 

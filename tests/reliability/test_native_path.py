@@ -188,7 +188,7 @@ def test_a_native_request_to_a_closed_port_is_a_transient_cannot_connect(monkeyp
 
 def test_a_process_whose_native_client_runs_forks_no_workers(monkeypatch):
     # A runtime's threads do not survive a fork: a child would fail its first native request.
-    monkeypatch.setattr(processes, "_fork_unsafe", None)
+    monkeypatch.setattr(processes, "_fork_forbidden", False)
     monkeypatch.setattr(processes, "usable_cpus", lambda: 4)
     assert processes.process_count(2000, 16) == 4
     client = native.NativeHttp("http://127.0.0.1:9", headers={}, timeout=5)

@@ -145,13 +145,6 @@ def new_digest(algorithm: str, size: int) -> Digest:
     return factory()
 
 
-def digest_bytes(data: memoryview, algorithm: str) -> str:
-    """Digest of ``data``, a whole file's content."""
-    digest = new_digest(algorithm, len(data))
-    digest.update(data)
-    return digest.finish()
-
-
 def digest_file(fd: int, size: int, algorithm: str) -> str:
     """Digest of the first ``size`` bytes of the open file ``fd``."""
     digest = new_digest(algorithm, size)

@@ -51,8 +51,10 @@ class Verified:
 class GroupCommit:
     """Collects verified files and commits them in batches; thread-safe.
 
-    Workers call :meth:`add`; the worker whose addition fills a batch flushes it (the others
-    keep fetching). :meth:`flush` commits whatever is left at the end of a run.
+    :meth:`add` never waits for the disk: a full batch is committed by a thread of its own
+    while the caller goes on (the native loop commits its files as they land, and must not
+    stop for an fsync). A failure there is raised by the next :meth:`add` and by
+    :meth:`flush`, which commits whatever is left at the end of a run.
     """
 
     def __init__(self, dest: Path, log: CommitLog) -> None:
@@ -63,31 +65,57 @@ class GroupCommit:
         self._pending: list[Verified] = []
         self._pending_bytes = 0
         self._oldest = 0.0
+        self._flusher: threading.Thread | None = None
+        self._failure: BaseException | None = None
         self.records: dict[str, FileRecord] = {}
 
     def add(self, fd: int, file: Verified) -> None:
         """Queue ``file`` (its .part open as ``fd``, which the caller closes after this)."""
         start_writeback(fd, 0, 0)  # the whole file, without waiting
         with self._lock:
+            if self._failure is not None:
+                raise self._failure
             if not self._pending:
                 self._oldest = time.monotonic()
             self._pending.append(file)
             self._pending_bytes += file.size
-            full = (
-                len(self._pending) >= MAX_FILES
-                or self._pending_bytes >= MAX_BYTES
-                or time.monotonic() - self._oldest >= MAX_AGE
-            )
-        if full and self._flushing.acquire(blocking=False):  # one flush at a time
-            try:
-                self._flush_pending()
-            finally:
-                self._flushing.release()
+            if self._flusher is None and self._batch_due():
+                # Not a daemon: an exit waits for the batch's renames and records.
+                self._flusher = threading.Thread(target=self._flush_due, name="commit")
+                self._flusher.start()
 
     def flush(self) -> None:
-        """Commit every file still queued (the end of a run)."""
+        """Commit every file still queued (the end of a run), once a batch being committed
+        in the background is done; raise its failure, if it failed."""
+        with self._lock:
+            flusher = self._flusher
+        if flusher is not None:
+            flusher.join()
+        if self._failure is not None:
+            raise self._failure
         with self._flushing:
             self._flush_pending()
+
+    def _batch_due(self) -> bool:
+        return (
+            len(self._pending) >= MAX_FILES
+            or self._pending_bytes >= MAX_BYTES
+            or time.monotonic() - self._oldest >= MAX_AGE
+        )
+
+    def _flush_due(self) -> None:
+        """The background flusher: commit batches while one is due, then end."""
+        try:
+            while True:
+                with self._flushing:
+                    self._flush_pending()
+                with self._lock:
+                    if not (self._pending and self._batch_due()):
+                        self._flusher = None
+                        return
+        except BaseException as exc:
+            with self._lock:
+                self._failure, self._flusher = exc, None
 
     def _flush_pending(self) -> None:
         with self._lock:

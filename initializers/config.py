@@ -223,8 +223,8 @@ OPTIONS: tuple[Option, ...] = (
         "workers",
         "--workers",
         ("WORKERS",),
-        "parallel requests (default 16; files up to 1 MiB: 3x as many, at most 12 a process "
-        "from S3 and the Hub)",
+        "parallel requests (default 16; files up to 1 MiB: 3x as many, and 6x, at most 48 a "
+        "process, from S3 and the Hub)",
         _positive_int,
     ),
     Option(

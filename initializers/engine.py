@@ -63,12 +63,13 @@ log = logging.getLogger(__name__)
 
 MIB = 1 << 20
 SMALL_BODY = MIB  # a range this small runs on the small files' pool (SMALL_IN_FLIGHT)
-# Small files a process keeps in flight on the native loop, at most: each holds its body, ~1-2
-# MiB of RSS (the benchmark's S3 dataset, one process: 88 MiB at 4 in flight, 122 at 16, 176 at
-# 48). Paired rounds with 20 ms before every first byte, two processes: 12 took 1.01x the time
-# of 16 (0.96-1.18) for a peak of 157-166 MiB against 164-195 (the target is 200); 24 were 1.23x
-# faster on the Hub dataset there but peaked at 180-206 MiB.
-MAX_BODIES_IN_FLIGHT = 12
+# Small files in flight on a process's native loop: LOOP_PER_WORKER a worker (they cost no
+# thread), at most MAX_BODIES_IN_FLIGHT. Each costs ~0.5-1 MiB of the client's buffers, not its
+# body, which is streamed. Paired rounds on the benchmark's S3 dataset with 20 ms before every
+# first byte, two processes (the default 16 workers): 24 a process were 1.22x (1.19-1.24)
+# faster than 12 and 48 were 1.10x (1.02-1.18) faster than 24, for a peak of 163-173 MiB.
+LOOP_PER_WORKER = 6
+MAX_BODIES_IN_FLIGHT = 48
 
 
 @dataclass
@@ -384,15 +385,23 @@ class Engine:
                 for job, (start, end) in interleaved(rest, max(1, workers // 2)):
                     pool = small if end - start <= SMALL_BODY else large
                     submit(pool, run_range, job, start, end)
+
+                def commit_streamed(job: FileJob) -> Future[None] | None:
+                    """On the loop: queued for commit at once, unless a worker must see to it
+                    (its digest did not match: it is fetched again)."""
+                    if fetcher.commit_streamed(job):
+                        return None
+                    return submit(small, fetcher.commit, job)
+
                 if whole:
                     fetch = partial(
                         fetch_whole_files,
                         self.source,
                         whole,
-                        in_flight=min(workers * SMALL_IN_FLIGHT, MAX_BODIES_IN_FLIGHT),
+                        in_flight=min(workers * LOOP_PER_WORKER, MAX_BODIES_IN_FLIGHT),
                         stop=self.stop,
                         progress=self._progress,
-                        fetched=lambda job: submit(small, fetcher.commit, job),
+                        fetched=commit_streamed,
                         failed=lambda job, exc: submit(small, after_failure, job, exc),
                     )
                     native.run_on_loop(fetch, self.stop)

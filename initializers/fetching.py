@@ -22,7 +22,7 @@ from initializers.filejob import CHECKPOINT, FileJob
 from initializers.fsutil import start_writeback
 from initializers.progress import Progress
 from initializers.retry import RetryPolicy
-from initializers.sources.base import Source
+from initializers.sources.base import Checksum, Source
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +152,19 @@ class FileFetcher:
                 actual = checksums.digest_file(job.open(), job.remote.size, expected.algorithm)
             if actual != expected.value:
                 return self._refetch_after_mismatch(job, str(expected), actual)
+        self._queue(job, expected)
+
+    def commit_streamed(self, job: FileJob) -> bool:
+        """Queue a file digested as it streamed when that digest matches (or there is no
+        checksum), without blocking: True. False leaves it to :meth:`commit` on a worker,
+        where a mismatch fetches it again."""
+        expected = job.expected_checksum(self.source)
+        if expected and job.streamed_digest != expected.value:
+            return False
+        self._queue(job, expected)
+        return True
+
+    def _queue(self, job: FileJob, expected: Checksum | None) -> None:
         verified = Verified(
             path=job.remote.path,
             part=job.part,

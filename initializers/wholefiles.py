@@ -3,8 +3,10 @@
 Why: with a thread per small file, every system call hands the GIL from one thread to another;
 the benchmark's 2,002-file S3 dataset made ~200,000 ``futex`` calls (s5cmd ~1,500), and that,
 not HTTP, was what was left between this engine and s5cmd. Here one loop thread per process
-keeps ``in_flight`` GETs open in Rust (:mod:`initializers.native`) and writes each body into its
-``.part`` as it arrives; the workers only verify and commit (:mod:`initializers.fetching`).
+keeps ``in_flight`` GETs open in Rust (:mod:`initializers.native`), and writes and digests each
+body piece by piece as it arrives. A file whose digest matches is queued for its batch's commit
+right there (:mod:`initializers.commits`, whose fsyncs run on a thread of their own): no thread
+hand-off per file. Only a mismatch goes to a worker, which fetches the file again.
 
 A file this first attempt cannot fetch is handed to the workers' path with its failure: a final
 one (a 404, a refusal) ends the run as it would have there, a transient one is retried there
@@ -20,7 +22,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 
-from initializers.checksum import digest_bytes
+from initializers.checksum import new_digest
 from initializers.filejob import FileJob
 from initializers.progress import Progress
 from initializers.sources.base import Source
@@ -35,14 +37,14 @@ async def fetch_whole_files(
     in_flight: int,
     stop: threading.Event,
     progress: Progress,
-    fetched: Callable[[FileJob], Future[None]],
+    fetched: Callable[[FileJob], Future[None] | None],
     failed: Callable[[FileJob, Exception], Future[None]],
 ) -> None:
     """Fetch each job's whole file into its ``.part``, ``in_flight`` at a time, in order; then
-    hand it to ``fetched`` (to verify and commit), or, when anything went wrong, to
-    ``failed`` with the failure (the workers' way decides what it means). Each returns the
-    future of that work: files handed on but not done with are bounded too, as each holds
-    its ``.part`` open."""
+    hand it to ``fetched`` (to verify and commit, without blocking), or, when anything went
+    wrong, to ``failed`` with the failure (the workers' way decides what it means). Each
+    returns the future of work it handed to a worker, if any: files handed on but not done
+    with are bounded too, as each holds its ``.part`` open."""
     limit = asyncio.Semaphore(in_flight)
     backlog = asyncio.Semaphore(in_flight * BACKLOG)
     loop = asyncio.get_running_loop()
@@ -67,25 +69,32 @@ async def fetch_whole_files(
             return None
         try:
             job.make_room()  # before the request: what is planted after it is replaced
-            headers, body = await source.fetch_whole(job.remote)
-            if stop.is_set():
-                return None
-            job.note_headers(headers)
-            view = memoryview(body)
-            _write_all(job.open(), view)
-            # Digested here, from memory: a worker reading it back needs a buffer of its own.
-            expected = job.expected_checksum(source)
-            if expected is not None:
-                job.streamed_digest = digest_bytes(view, expected.algorithm)
+            async with source.fetch_whole(job.remote) as response:
+                job.note_headers(response.headers)
+                expected = job.expected_checksum(source)
+                digest = new_digest(expected.algorithm, job.remote.size) if expected else None
+                fd, offset = job.open(), 0
+                async for chunk in response.chunks():
+                    if stop.is_set():
+                        return None
+                    _write_all(fd, chunk, offset)
+                    if digest is not None:
+                        digest.update(chunk)
+                    offset += len(chunk)
+            if digest is not None:
+                job.streamed_digest = digest.finish()
         except Exception as exc:
             return failed(job, exc)
-        progress.add_bytes(len(body))
-        return fetched(job)
+        progress.add_bytes(offset)
+        try:
+            return fetched(job)
+        except Exception as exc:
+            return failed(job, exc)
 
     await asyncio.gather(*(one(job) for job in jobs))
 
 
-def _write_all(fd: int, view: memoryview) -> None:
-    offset = 0
-    while offset < len(view):
-        offset += os.pwrite(fd, view[offset:], offset)
+def _write_all(fd: int, view: memoryview, offset: int) -> None:
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written

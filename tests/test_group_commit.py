@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import threading
+import time
 from pathlib import Path
+
+import pytest
 
 from initializers import commits
 from initializers.commits import GroupCommit, Verified
@@ -61,11 +66,63 @@ def test_making_a_batch_durable_syncs_its_own_files_not_the_whole_filesystem(tmp
     assert sorted(CommitLog(tmp_path).load()) == ["a.bin", "b.bin", "c.bin"]
 
 
-def test_the_worker_whose_file_fills_a_batch_flushes_it(tmp_path):
+def wait_until(condition, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_a_full_batch_is_committed_in_the_background_and_adding_never_waits_for_it(
+    tmp_path, monkeypatch
+):
+    release = threading.Event()
+    real_fsync = os.fsync
+
+    def slow_fsync(fd: int) -> None:
+        release.wait(10)  # the disk is slow: add() must not wait for it
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", slow_fsync)
+    group, done = GroupCommit(tmp_path, CommitLog(tmp_path)), []
+    for i in range(commits.MAX_FILES + 1):
+        fd, file = verified(tmp_path, f"f{i}", b"y", done)
+        group.add(fd, file)
+        os.close(fd)
+    assert done == []  # the batch is waiting for its fsyncs; the adds all returned
+    release.set()
+    assert wait_until(lambda: len(done) >= commits.MAX_FILES)  # without an explicit flush
+    assert len(CommitLog(tmp_path).load()) >= commits.MAX_FILES
+    group.flush()
+    assert len(done) == commits.MAX_FILES + 1
+
+
+def test_a_failure_committing_in_the_background_is_raised_by_the_next_add_and_by_flush(
+    tmp_path, monkeypatch
+):
+    def full_disk(src, dst) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full_disk)
     group, done = GroupCommit(tmp_path, CommitLog(tmp_path)), []
     for i in range(commits.MAX_FILES):
         fd, file = verified(tmp_path, f"f{i}", b"y", done)
         group.add(fd, file)
         os.close(fd)
-    assert len(done) == commits.MAX_FILES  # committed without an explicit flush
-    assert len(CommitLog(tmp_path).load()) == commits.MAX_FILES
+    fd, file = verified(tmp_path, "late", b"y", done)
+    assert wait_until(lambda: _raises_enospc(lambda: group.add(fd, file)))
+    os.close(fd)
+    with pytest.raises(OSError) as raised:
+        group.flush()
+    assert raised.value.errno == errno.ENOSPC
+    assert done == [] and not (tmp_path / "f0").exists()  # nothing renamed, nothing recorded
+
+
+def _raises_enospc(call) -> bool:
+    try:
+        call()
+    except OSError as exc:
+        return exc.errno == errno.ENOSPC
+    return False

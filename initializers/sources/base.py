@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Self
 
 from initializers.streams import RangeReader
 
 if TYPE_CHECKING:
     from initializers.config import Settings
+    from initializers.native import Streamed
 
 
 @dataclass(frozen=True)
@@ -74,9 +76,9 @@ class Source(ABC):
 
     fetches_whole = False  # has fetch_whole: small files go over the native event loop
 
-    async def fetch_whole(self, file: RemoteFile) -> tuple[Mapping[str, str], Any]:
+    def fetch_whole(self, file: RemoteFile) -> AbstractAsyncContextManager[Streamed]:
         """GET the whole of a small ``file`` on the native loop (:mod:`initializers.native`):
-        the response headers and the body, a buffer. Only where ``fetches_whole``."""
+        its response, whose body is read inside, as it arrives. Only where ``fetches_whole``."""
         raise NotImplementedError
 
     def check_access(self, file: RemoteFile) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, Self
 from urllib.parse import quote, urlsplit
 
@@ -37,7 +37,7 @@ from initializers.config import Settings
 from initializers.errors import AuthError, NotFoundError, TransientError, UsageError
 from initializers.fsutil import UnsafePathError, safe_relpath
 from initializers.httpstatus import check_status
-from initializers.native import WHOLE_BODY, NativeHttp
+from initializers.native import WHOLE_BODY, NativeHttp, Streamed
 from initializers.retry import RetryPolicy
 from initializers.sources.base import Checksum, Listing, RemoteFile, Source
 from initializers.streams import RangeReader
@@ -210,10 +210,14 @@ class HfSource(Source):
 
     fetches_whole = True
 
-    async def fetch_whole(self, file: RemoteFile) -> tuple[Mapping[str, str], Any]:
+    @contextlib.asynccontextmanager
+    async def fetch_whole(self, file: RemoteFile) -> AsyncIterator[Streamed]:
         """A small file over the native path (the engine's ``wholefiles``)."""
         with self._gated_refusal():
-            return await self._small.get_whole(self._resolve_path(file), file.size, file.path)
+            async with self._small.get_whole(
+                self._resolve_path(file), file.size, file.path
+            ) as body:
+                yield body
 
     def open_range(self, file: RemoteFile, start: int, end: int) -> RangeReader:
         whole = start == 0 and end == file.size

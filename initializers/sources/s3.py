@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, Self
 from urllib.parse import quote, urlsplit
@@ -21,7 +22,7 @@ from urllib.parse import quote, urlsplit
 from initializers import checksum as checksums
 from initializers.config import Settings
 from initializers.errors import NotFoundError, UsageError
-from initializers.native import NativeHttp
+from initializers.native import NativeHttp, Streamed
 from initializers.retry import RetryPolicy
 from initializers.sources import s3rest
 from initializers.sources.base import Checksum, Listing, RemoteFile, Source
@@ -171,11 +172,11 @@ class S3Source(Source):
 
     # -- fetching -------------------------------------------------------------------------------
 
-    async def fetch_whole(self, file: RemoteFile) -> tuple[Mapping[str, str], Any]:
+    def fetch_whole(self, file: RemoteFile) -> AbstractAsyncContextManager[Streamed]:
         """A small object over the native path (the engine's ``wholefiles``), signed as sent."""
         path = self._object_path(file)
         headers = self._headers(path, True, file.version)
-        return await self._native.get_whole(path, file.size, file.path, headers)
+        return self._native.get_whole(path, file.size, file.path, headers)
 
     def open_range(self, file: RemoteFile, start: int, end: int) -> RangeReader:
         whole = start == 0 and end == file.size

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from initializers.config import SMALL_IN_FLIGHT
+from initializers.engine import LOOP_PER_WORKER
 from tests.reliability.conftest import assert_identical, dataset, fill, is_object_get, s3_env
 
 MIB = 1 << 20
@@ -37,7 +37,7 @@ def test_small_files_keep_several_times_the_workers_requests_in_flight(
     bucket, s3_endpoint, proxies, launch, tmp_path
 ):
     files = dataset(41, {f"shards/{i:02d}.jsonl": 20_000 + i for i in range(24)})
-    expected = WORKERS * SMALL_IN_FLIGHT
+    expected = WORKERS * LOOP_PER_WORKER  # on the native loop, where they cost no thread
     assert held_at_once(bucket, s3_endpoint, proxies, launch, tmp_path, files, expected) == expected
 
 
@@ -61,5 +61,5 @@ def test_every_request_in_flight_reuses_a_kept_alive_connection(
     assert run.finish() == 0, run.stderr
     assert_identical(out, files)
     assert proxy.requests > len(files)
-    assert proxy.connections <= WORKERS * SMALL_IN_FLIGHT + 1  # + the listing's, before a fork
+    assert proxy.connections <= WORKERS * LOOP_PER_WORKER + 1  # + the listing's, before a fork
     assert "pool is full" not in run.stderr

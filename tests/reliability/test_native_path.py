@@ -20,7 +20,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from initializers import interrupts, native, processes
-from initializers.config import SMALL_IN_FLIGHT
+from initializers.engine import LOOP_PER_WORKER
 from initializers.errors import AuthError, NotFoundError, TransientError, UsageError
 from initializers.progress import human_bytes
 from tests.reliability.conftest import FIGURES, stop_with_sigterm
@@ -128,7 +128,7 @@ def test_small_files_keep_several_times_the_workers_requests_in_flight_on_the_hu
     hub, run_initializer, tmp_path
 ):
     # Requests in flight are what a store 20 ms away needs, and two workers must not mean two
-    # (the native loop keeps SMALL_IN_FLIGHT per worker): every resolve here waits 1 s, so all
+    # (the native loop keeps LOOP_PER_WORKER per worker): every resolve here waits 1 s, so all
     # those that arrive within 0.9 s of the first are open at the same time.
     files = {f"data/{i:02d}.jsonl": os.urandom(1000 + i) for i in range(24)}
     hub.add_repo("org/m", files, repo_type="dataset")
@@ -149,7 +149,7 @@ def test_small_files_keep_several_times_the_workers_requests_in_flight_on_the_hu
     assert result.code == 0, result.output
     assert {name: (out / name).read_bytes() for name in files} == files
     open_together = sum(1 for t in arrivals if t - arrivals[0] < 0.9)
-    assert open_together == 2 * SMALL_IN_FLIGHT, (
+    assert open_together == 2 * LOOP_PER_WORKER, (
         open_together,
         [round(t - arrivals[0], 2) for t in arrivals],
     )

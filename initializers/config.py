@@ -223,7 +223,7 @@ OPTIONS: tuple[Option, ...] = (
         "workers",
         "--workers",
         ("WORKERS",),
-        "parallel requests (default 16; files up to 1 MiB: 3x as many, and 6x, at most 48 a "
+        "parallel requests (default 16; files up to 1 MiB: 3x as many, and 4x, at most 32 a "
         "process, from S3 and the Hub)",
         _positive_int,
     ),

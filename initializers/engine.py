@@ -65,11 +65,12 @@ MIB = 1 << 20
 SMALL_BODY = MIB  # a range this small runs on the small files' pool (SMALL_IN_FLIGHT)
 # Small files in flight on a process's native loop: LOOP_PER_WORKER a worker (they cost no
 # thread), at most MAX_BODIES_IN_FLIGHT. Each costs ~0.5-1 MiB of the client's buffers, not its
-# body, which is streamed. Paired rounds on the benchmark's S3 dataset with 20 ms before every
-# first byte, two processes (the default 16 workers): 24 a process were 1.22x (1.19-1.24)
-# faster than 12 and 48 were 1.10x (1.02-1.18) faster than 24, for a peak of 163-173 MiB.
-LOOP_PER_WORKER = 6
-MAX_BODIES_IN_FLIGHT = 48
+# body, which is streamed. Paired rounds with 20 ms before every first byte, two processes (the
+# default 16 workers): on the S3 dataset 24 a process were 1.22x (1.19-1.24) faster than 12 and
+# 48 1.10x (1.02-1.18) faster than 24; on the Hub dataset 48 were 1.06x (1.00-1.12) faster
+# than 32 but peaked at 190-199 MiB (32: 158-173), too close to the 200 MiB target.
+LOOP_PER_WORKER = 4
+MAX_BODIES_IN_FLIGHT = 32
 
 
 @dataclass

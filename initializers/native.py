@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 import os
 import threading
 import urllib.request
@@ -62,6 +63,8 @@ REQUEST_LIMIT = timedelta(hours=1)  # stalls are caught by the read timeout, not
 MAX_REDIRECTS = 10
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 
 # Set once by the first interrupt, never cleared: a stop is final (a plain flag, as the signal
@@ -119,6 +122,16 @@ def _wait(future: concurrent.futures.Future[T], what: str) -> T:
             raise classify(exc, what) from None
 
 
+class TlsRefused(UsageError):
+    """The endpoint's certificate was refused by the native client's TLS."""
+
+
+class NativeRefused(Exception):
+    """The native client refuses this endpoint's certificate where ``--ca-bundle`` may make
+    OpenSSL (the urllib3 path's TLS) accept it: the file is to go that way. Neither transient
+    nor final, so the engine hands the file to the workers with no attempt counted."""
+
+
 class NativeHttp:
     """GETs of paths under one base URL (an origin, perhaps with a path prefix).
 
@@ -143,6 +156,10 @@ class NativeHttp:
         self._roots = _read_roots(ca_bundle)
         self._client: tuple[int, Client] | None = None
         self._lock = threading.Lock()
+        # Set when rustls refused a certificate the CA bundle vouches for: it takes no CA
+        # certificate as a server's ("CaUsedAsEndEntity"), as `openssl req -x509` makes them for
+        # a MinIO, where OpenSSL accepts one. The rest of the run goes the urllib3 way.
+        self.refused = False
 
     def _client_here(self) -> Client:
         """The client (its runtime and connection pool) of this process: a child never uses
@@ -187,9 +204,28 @@ class NativeHttp:
         :func:`run_on_loop`): its response, status checked, its body to be read inside."""
         if _stopped:
             raise _stopped_error(what)
+        if self.refused:
+            raise NativeRefused(what)
         client, url = self._client_here(), self._url(path)
-        async with _exchange(client, url, 0, size, True, headers, what, self._timeout) as body:
-            yield body
+        try:
+            async with _exchange(client, url, 0, size, True, headers, what, self._timeout) as body:
+                yield body
+        except TlsRefused as exc:
+            raise self._refusal(exc, what) from None
+
+    def _refusal(self, exc: TlsRefused, what: str) -> Exception:
+        """What a TLS refusal means: where a CA bundle was given, OpenSSL may accept the
+        certificate, and the native path is done with for the run; otherwise, the refusal."""
+        if not self._roots:
+            return exc
+        if not self.refused:
+            self.refused = True
+            log.warning(
+                "the native HTTP client refused the endpoint's TLS certificate, which the CA "
+                "bundle may vouch for (it takes no CA certificate as a server's); small files "
+                "go over OpenSSL for the rest of this run"
+            )
+        return NativeRefused(what)
 
     def open_range(
         self,
@@ -204,10 +240,15 @@ class NativeHttp:
         plain GET, as servers attach whole-file checksums only to those."""
         if end - start > WHOLE_BODY:
             raise ValueError(f"{what}: {end - start} bytes is more than one native read")
+        if self.refused:
+            raise NativeRefused(what)
         client = self._client_here()
         url = self._url(path)
         limit = self._timeout
-        return _call(lambda: _read_all(client, url, start, end, whole, None, what, limit), what)
+        try:
+            return _call(lambda: _read_all(client, url, start, end, whole, None, what, limit), what)
+        except TlsRefused as exc:
+            raise self._refusal(exc, what) from None
 
     def close(self) -> None:
         with self._lock:
@@ -357,7 +398,7 @@ def classify(exc: BaseException, what: str) -> InitializerError | TransientError
     text = str(exc).lower()
     if isinstance(exc, native_errors.ConnectError | native_errors.ConnectTimeoutError):
         if "certificate" in text or "invalid peer" in text or "tls" in text:
-            return UsageError(
+            return TlsRefused(
                 f"{what}: TLS verification failed; pass --ca-bundle with the endpoint's CA, "
                 "or use its http:// URL"
             )

@@ -37,7 +37,7 @@ from initializers.config import Settings
 from initializers.errors import AuthError, NotFoundError, TransientError, UsageError
 from initializers.fsutil import UnsafePathError, safe_relpath
 from initializers.httpstatus import check_status
-from initializers.native import WHOLE_BODY, NativeHttp, Streamed
+from initializers.native import WHOLE_BODY, NativeHttp, NativeRefused, Streamed
 from initializers.retry import RetryPolicy
 from initializers.sources.base import Checksum, Listing, RemoteFile, Source
 from initializers.streams import RangeReader
@@ -222,10 +222,11 @@ class HfSource(Source):
     def open_range(self, file: RemoteFile, start: int, end: int) -> RangeReader:
         whole = start == 0 and end == file.size
         with self._gated_refusal():
-            if end - start <= WHOLE_BODY:
-                return self._small.open_range(
-                    self._resolve_path(file), start, end, file.path, whole
-                )
+            if end - start <= WHOLE_BODY and not self._small.refused:
+                with contextlib.suppress(NativeRefused):  # then the urllib3 way, below
+                    return self._small.open_range(
+                        self._resolve_path(file), start, end, file.path, whole
+                    )
             url = hf_hub_url(
                 self.repo_id,
                 file.locator,

@@ -92,11 +92,11 @@ class S3Source(Source):
         self._origin = f"{bucket_url.scheme}://{bucket_url.netloc}"
         self._host = host_header(bucket_url)
         self._bucket_path = bucket_url.path
-        self._native = NativeHttp(self._origin, headers={}, timeout=settings.timeout)
-        # Small objects over the native path, unless the endpoint has a CA of its own: its TLS
-        # (rustls) refuses a self-signed certificate that is its own CA ("CaUsedAsEndEntity"),
-        # as `openssl req -x509` makes them for a MinIO, where OpenSSL, urllib3's TLS, accepts.
-        self.fetches_whole = settings.ca_bundle is None
+        # Small objects over the native path; the workers' way (a retry, or every file once
+        # the native client refused a certificate the CA bundle vouches for) is urllib3's.
+        self._native = NativeHttp(
+            self._origin, headers={}, timeout=settings.timeout, ca_bundle=settings.ca_bundle
+        )
         self._with_additional: set[str] = set()  # keys listed with an additional checksum
         self._listed_composite: set[str] = set()  # keys listed with a checksum of their parts
 
@@ -171,6 +171,8 @@ class S3Source(Source):
         )
 
     # -- fetching -------------------------------------------------------------------------------
+
+    fetches_whole = True
 
     def fetch_whole(self, file: RemoteFile) -> AbstractAsyncContextManager[Streamed]:
         """A small object over the native path (the engine's ``wholefiles``), signed as sent."""

@@ -23,9 +23,16 @@ from initializers import interrupts, native, processes
 from initializers.engine import LOOP_PER_WORKER
 from initializers.errors import AuthError, NotFoundError, TransientError, UsageError
 from initializers.progress import human_bytes
-from tests.reliability.conftest import FIGURES, stop_with_sigterm
+from tests.reliability.conftest import (
+    FIGURES,
+    assert_identical,
+    dataset,
+    fill,
+    s3_env,
+    stop_with_sigterm,
+)
 from tests.servers.hub import Fault, fail_times
-from tests.servers.tls import ca_signed
+from tests.servers.tls import ca_signed, self_signed
 
 MIB = 1 << 20
 
@@ -197,7 +204,7 @@ def test_a_process_whose_native_client_runs_forks_no_workers(monkeypatch):
     assert processes.process_count(2000, 16) == 1
 
 
-def test_the_native_path_trusts_the_ca_bundle_it_is_given_and_names_a_refused_certificate(
+def test_the_native_path_trusts_the_ca_bundle_it_is_given_and_steps_aside_when_refused_despite_it(
     tmp_path, monkeypatch
 ):
     # A Hub mirror behind a private CA serves its small files over this path: --ca-bundle must
@@ -221,5 +228,63 @@ def test_the_native_path_trusts_the_ca_bundle_it_is_given_and_names_a_refused_ce
         untrusted = native.NativeHttp(base, headers={}, timeout=10)
         with pytest.raises(UsageError, match=r"^f\.bin: TLS verification failed; pass --ca-bundle"):
             untrusted.open_range("f.bin", 0, len(body), "f.bin", True)
+        # Refused despite a bundle: OpenSSL may yet take it (the workers' way decides), and
+        # the native path is not tried again in this run.
+        other = tmp_path / "other-ca.pem"
+        ca_signed(other, tmp_path / "other-cert.pem", tmp_path / "other-key.pem")
+        refused = native.NativeHttp(base, headers={}, timeout=10, ca_bundle=str(other))
+        with pytest.raises(native.NativeRefused):
+            refused.open_range("f.bin", 0, len(body), "f.bin", True)
+        assert refused.refused
+        with pytest.raises(native.NativeRefused):
+            refused.open_range("f.bin", 0, len(body), "f.bin", True)
     finally:
         server.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("certificate", "native_refuses"),
+    [("its own CA", True), ("signed by a private CA", False)],
+    ids=["self-signed", "private-ca"],
+)
+def test_s3_over_https_with_a_ca_bundle_fetches_every_small_file_whichever_tls_takes_it(
+    certificate, native_refuses, bucket, s3_endpoint, proxies, launch, tmp_path
+):
+    # A MinIO's `openssl req -x509` certificate is its own CA: OpenSSL takes it from the bundle,
+    # the native client's rustls does not ("CaUsedAsEndEntity"). Small files then go the urllib3
+    # way for the rest of the run, each with no failed attempt counted; a certificate a CA of
+    # the bundle signed stays on the native path.
+    ca, cert, key = (tmp_path / name for name in ("ca.pem", "cert.pem", "key.pem"))
+    if native_refuses:
+        self_signed(cert, key)
+        ca = cert
+    else:
+        ca_signed(ca, cert, key)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    files = dataset(44, {f"shards/{i:02d}.jsonl": 30_000 + i for i in range(12)})
+    fill(bucket, "d", files)
+    proxy = proxies(s3_endpoint, tls=context)
+    out = tmp_path / "out"
+    env = s3_env(bucket, proxy.url, "d", out, AWS_CA_BUNDLE=str(ca), WORKERS="2")
+    run = launch("dataset", env=env)
+    assert run.finish() == 0, run.stderr
+    assert_identical(out, files)
+    warned = run.stderr.count("refused the endpoint's TLS certificate")
+    assert (warned, proxy.handshakes_refused > 0) == ((1, True) if native_refuses else (0, False))
+
+
+def test_s3_over_https_without_a_ca_bundle_for_a_self_signed_certificate_exits_2_naming_the_fix(
+    bucket, s3_endpoint, proxies, launch, tmp_path
+):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    self_signed(cert, key)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    fill(bucket, "d", dataset(45, {"a.jsonl": 1000}))
+    proxy = proxies(s3_endpoint, tls=context)
+    out = tmp_path / "out"
+    run = launch("dataset", env=s3_env(bucket, proxy.url, "d", out))
+    assert run.finish() == 2
+    assert "pass --ca-bundle" in run.stderr and "Traceback" not in run.stderr
+    assert not (out / "a.jsonl").exists()

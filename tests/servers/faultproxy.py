@@ -40,6 +40,7 @@ import hashlib
 import http.client
 import random
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -147,6 +148,7 @@ class FaultProxy:
         rewrite_location: Mapping[str, str] | None = None,
         rate: float | None = None,
         keep_alive: bool = False,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         parts = urlsplit(upstream)
         if parts.scheme != "http" or not parts.hostname or not parts.port:
@@ -164,6 +166,8 @@ class FaultProxy:
         # Keep client connections alive, as S3 and CDNs do, even where the upstream (moto's
         # HTTP/1.0 server) closes each one after a response: the proxy reconnects upstream.
         self.keep_alive = keep_alive
+        self.tls = tls  # serve https with this context (the upstream stays http)
+        self.handshakes_refused = 0  # TLS handshakes the client gave up on
         self.injected: Counter[str] = Counter()
         self.requests = 0
         self.connections = 0  # client connections accepted
@@ -212,7 +216,7 @@ class FaultProxy:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self._port}"
 
     # -- controls --------------------------------------------------------------------------------
 
@@ -304,6 +308,19 @@ class FaultProxy:
     # -- one client connection -------------------------------------------------------------------
 
     def _handle(self, client: socket.socket) -> None:
+        if self.tls is not None:
+            try:
+                secured = self.tls.wrap_socket(client, server_side=True)
+            except OSError:  # ssl.SSLError too: the client refused the certificate
+                with self._lock:
+                    self.handshakes_refused += 1
+                    self._clients.discard(client)
+                client.close()
+                return
+            with self._lock:
+                self._clients.discard(client)
+                self._clients.add(secured)
+            client = secured
         upstream: http.client.HTTPConnection | None = None
         reader = client.makefile("rb")
         try:

@@ -324,13 +324,16 @@ class Streamed:
         self._reader = response.body_reader
         self._size = size
         self._what = what
+        # Framed at the size asked: the client ends the body there itself, so the read that
+        # would only say so is not made (each read is a wake-up of this thread by the client's).
+        self._framed = self.headers.get("Content-Length") == str(size)
 
     async def chunks(self) -> AsyncIterator[memoryview]:
         """The body's pieces, exactly ``size`` bytes in all: a shorter body is a transient
         failure, a longer one an integrity failure, met at the first piece too many (never
         buffered: a server sending gigabytes where it listed a small file)."""
         received = 0
-        while True:
+        while not (self._framed and received == self._size):
             try:
                 chunk = await self._reader.read_chunk()
             except Exception as exc:

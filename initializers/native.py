@@ -32,8 +32,9 @@ import os
 import threading
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from contextlib import AbstractAsyncContextManager
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 # The client's allocator (mimalloc, bundled with it) commits its arenas eagerly and returns
@@ -244,9 +245,9 @@ class NativeHttp:
             raise NativeRefused(what)
         client = self._client_here()
         url = self._url(path)
-        limit = self._timeout
+        exchange = _exchange(client, url, start, end, whole, None, what, self._timeout)
         try:
-            return _call(lambda: _read_all(client, url, start, end, whole, None, what, limit), what)
+            return _call(lambda: _read_all(exchange), what)
         except TlsRefused as exc:
             raise self._refusal(exc, what) from None
 
@@ -291,22 +292,13 @@ async def _exchange(
         await request.__aexit__(None, None, None)
 
 
-async def _read_all(
-    client: Client,
-    url: str,
-    start: int,
-    end: int,
-    whole: bool,
-    headers: Mapping[str, str] | None,
-    what: str,
-    timeout: float,
-) -> _Body:
-    """The range ``[start, end)`` read whole (a worker's retry: at most :data:`WHOLE_BODY`)."""
-    async with _exchange(client, url, start, end, whole, headers, what, timeout) as body:
+async def _read_all(exchange: AbstractAsyncContextManager[Streamed]) -> _Body:
+    """A range read whole (a worker's retry: at most :data:`WHOLE_BODY`)."""
+    async with exchange as body:
         data = bytearray()
         async for chunk in body.chunks():
             data += chunk
-        return _Body(body.headers, data, end - start, what)
+        return _Body(body.headers, data)
 
 
 class Streamed:
@@ -350,8 +342,7 @@ class Streamed:
 class _Body(RangeReader):
     """A range read whole by the native client, with its headers (a worker thread's)."""
 
-    def __init__(self, headers: Mapping[str, str], body: Any, length: int, what: str) -> None:
-        _check_length(len(body), length, what)
+    def __init__(self, headers: Mapping[str, str], body: bytearray) -> None:
         self.headers = headers
         self._body = body
 
@@ -360,7 +351,7 @@ class _Body(RangeReader):
             yield memoryview(self._body)
 
     def close(self) -> None:
-        self._body = b""
+        self._body = bytearray()
 
 
 def _check_length(received: int, expected: int, what: str) -> None:

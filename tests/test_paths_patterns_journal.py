@@ -20,7 +20,15 @@ from initializers.sources.base import RemoteFile
 
 
 @pytest.mark.parametrize(
-    "name", ["a.txt", "dir/sub/file.bin", "ünïcode/名前.json", "with space.txt", ".hidden/config"]
+    "name",
+    [
+        "a.txt",
+        "dir/sub/file.bin",
+        "ünïcode/名前.json",
+        "with space.txt",
+        ".hidden/config",
+        "nb\xa0sp",
+    ],
 )
 def test_ordinary_names_are_kept_as_relative_paths(name):
     assert safe_relpath(name) == name
@@ -35,6 +43,8 @@ def test_ordinary_names_are_kept_as_relative_paths(name):
         ("a\\b", "backslash"),
         ("bad\nname", "control character"),
         ("x/\x00", "control"),
+        ("c1\x85next-line", "control character"),
+        ("c1\x9fend", "control character"),
         ("a//b", "empty components"),
         ("./a", "'.'"),
         ("d/" + "n" * 300, "longer than 241 bytes"),

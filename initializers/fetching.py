@@ -10,7 +10,6 @@ a second mismatch ends the run.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from functools import partial
 
@@ -19,7 +18,7 @@ from initializers.commits import GroupCommit, Verified
 from initializers.destination import storage_error
 from initializers.errors import IntegrityError, TransientError
 from initializers.filejob import CHECKPOINT, FileJob
-from initializers.fsutil import start_writeback
+from initializers.fsutil import start_writeback, write_all
 from initializers.progress import Progress
 from initializers.retry import RetryPolicy
 from initializers.sources.base import Checksum, Source
@@ -134,9 +133,7 @@ class FileFetcher:
     def _write(self, job: FileJob, view: memoryview, offset: int) -> None:
         fd = job.open()
         try:
-            while view:
-                written = os.pwrite(fd, view, offset)
-                view, offset = view[written:], offset + written
+            write_all(fd, view, offset)
         except OSError as exc:
             raise storage_error(exc, job.final) from None
 

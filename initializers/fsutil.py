@@ -127,6 +127,13 @@ def _load_sync_file_range() -> Callable[[int, int, int], None]:
 start_writeback = _load_sync_file_range()
 
 
+def write_all(fd: int, view: memoryview, offset: int) -> None:
+    """Write all of ``view`` at ``offset`` (``pwrite`` may write less than asked)."""
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
+
+
 def fsync_dir(folder: Path) -> None:
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:

@@ -57,6 +57,16 @@ def range_value(start: int, end: int) -> str:
 _CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(?:\d+|\*)\s*$", re.IGNORECASE)
 
 
+def check_answer(
+    status: int, headers: Mapping[str, str], start: int, end: int, whole: bool, what: str
+) -> None:
+    """Raise unless a GET of bytes ``[start, end)`` was answered with them: its status, and
+    for a ranged GET (not ``whole``) the range the server says it sent."""
+    check_status(status, what, headers)
+    if not whole:
+        check_range(status, headers, start, end, what)
+
+
 def check_range(status: int, headers: Mapping[str, str], start: int, end: int, what: str) -> None:
     """Raise unless the body of a ranged GET starts at ``start`` and covers up to ``end``.
 

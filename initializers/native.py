@@ -53,7 +53,7 @@ from urllib3 import HTTPHeaderDict
 
 from initializers import processes
 from initializers.errors import InitializerError, IntegrityError, TransientError, UsageError
-from initializers.httpstatus import check_range, check_status, range_value
+from initializers.httpstatus import check_answer, range_value
 from initializers.interrupts import on_interrupt
 from initializers.streams import RangeReader
 
@@ -284,9 +284,7 @@ async def _exchange(
     except Exception as exc:
         raise classify(exc, what) from None
     try:
-        check_status(response.status, what, response.headers)
-        if not whole:
-            check_range(response.status, response.headers, start, end, what)
+        check_answer(response.status, response.headers, start, end, whole, what)
         yield Streamed(response, end - start, what)
     finally:
         await request.__aexit__(None, None, None)

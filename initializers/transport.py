@@ -36,7 +36,7 @@ from initializers.errors import (
     TransientError,
     UsageError,
 )
-from initializers.httpstatus import check_range, check_status, range_value
+from initializers.httpstatus import check_answer, range_value
 from initializers.interrupts import on_interrupt
 from initializers.streams import RangeReader
 
@@ -199,9 +199,7 @@ class HttpTransport:
         except Exception as exc:
             raise classify_exception(exc, what) from None
         try:
-            check_status(response.status, what, response.headers)
-            if not whole:
-                check_range(response.status, response.headers, start, end, what)
+            check_answer(response.status, response.headers, start, end, whole, what)
         except BaseException:
             _discard(response)
             raise

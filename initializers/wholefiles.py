@@ -17,13 +17,13 @@ there. So retries, their budget and every message stay in one place.
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 
 from initializers.checksum import new_digest
 from initializers.filejob import FileJob
+from initializers.fsutil import write_all
 from initializers.progress import Progress
 from initializers.sources.base import Source
 
@@ -77,7 +77,7 @@ async def fetch_whole_files(
                 async for chunk in response.chunks():
                     if stop.is_set():
                         return None
-                    _write_all(fd, chunk, offset)
+                    write_all(fd, chunk, offset)
                     if digest is not None:
                         digest.update(chunk)
                     offset += len(chunk)
@@ -92,9 +92,3 @@ async def fetch_whole_files(
             return failed(job, exc)
 
     await asyncio.gather(*(one(job) for job in jobs))
-
-
-def _write_all(fd: int, view: memoryview, offset: int) -> None:
-    while view:
-        written = os.pwrite(fd, view, offset)
-        view, offset = view[written:], offset + written

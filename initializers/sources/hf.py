@@ -222,7 +222,7 @@ class HfSource(Source):
     def open_range(self, file: RemoteFile, start: int, end: int) -> RangeReader:
         whole = start == 0 and end == file.size
         with self._gated_refusal():
-            if end - start <= WHOLE_BODY and not self._small.refused:
+            if end - start <= WHOLE_BODY:
                 with contextlib.suppress(NativeRefused):  # then the urllib3 way, below
                     return self._small.open_range(
                         self._resolve_path(file), start, end, file.path, whole

@@ -252,11 +252,15 @@ class _StopOnSignal:
         name = signal.Signals(signum).name
         if self.event.is_set():
             return
-        log.warning("%s received: stopping; a rerun resumes where this one stopped", name)
+        # The stop first: the log line can fail, when the signal lands while this thread is
+        # mid-write to stderr ("reentrant call"), and a stop lost there left a run waiting.
         self.event.set()
+        if self.engine_running:
+            interrupt_reads()  # a worker blocked on a stalled server sees the stop now
+        with contextlib.suppress(RuntimeError):
+            log.warning("%s received: stopping; a rerun resumes where this one stopped", name)
         if not self.engine_running:
             raise Interrupted(f"stopped by {name} before fetching started")
-        interrupt_reads()  # a worker blocked on a stalled server sees the stop now
 
 
 def _fail(

@@ -11,6 +11,8 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from initializers.fsutil import atomic_write_bytes
 from initializers.manifest import find_problems
 from tests.reliability.conftest import (
@@ -122,3 +124,28 @@ def test_writers_recording_one_file_together_all_succeed_and_leave_one_whole_fil
     body = target.read_bytes()
     assert len(body) == 50_004 and body[:50_000] == body[:1] * 50_000
     assert sorted(p.name for p in tmp_path.iterdir()) == [target.name]
+
+
+@pytest.mark.parametrize("engine_running", [True, False], ids=["fetching", "before-fetching"])
+def test_a_sigterm_that_lands_while_stderr_is_mid_write_still_stops_the_run(
+    engine_running, monkeypatch
+):
+    # Seen in CI: the signal arrived while this thread was writing a log line, the handler's
+    # own log line raised "reentrant call", and the stop was lost: the run waited on.
+    from initializers import cli
+
+    def reentrant(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("reentrant call inside <_io.BufferedWriter name='<stderr>'>")
+
+    cut: list[bool] = []
+    monkeypatch.setattr(cli.log, "warning", reentrant)
+    monkeypatch.setattr(cli, "interrupt_reads", lambda: cut.append(True))
+    stop = cli._StopOnSignal()
+    stop.engine_running = engine_running
+    if engine_running:
+        stop._handle(signal.SIGTERM, None)
+    else:
+        with pytest.raises(cli.Interrupted):
+            stop._handle(signal.SIGTERM, None)
+    assert stop.event.is_set()
+    assert cut == ([True] if engine_running else [])

@@ -256,7 +256,7 @@ class Engine:
         room = partial(make_room_for, self.dest, made=made, where="the source")
         jobs = []
         for remote in sorted(todo, key=lambda f: -f.size):
-            job = FileJob(remote, self.dest / remote.path, room)
+            job = FileJob(remote, self.dest, room)
             if job.resumable:
                 job.make_room()
             job.plan()

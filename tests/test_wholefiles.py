@@ -56,7 +56,7 @@ def _jobs(dest) -> list[FileJob]:
     jobs = []
     for i in range(FILES):
         name = f"f{i:03d}"
-        job = FileJob(RemoteFile(path=name, size=len(name), version=None), dest / name)
+        job = FileJob(RemoteFile(path=name, size=len(name), version=None), dest)
         job.plan()
         jobs.append(job)
     return jobs

@@ -45,6 +45,9 @@ from urllib.parse import urlsplit
 os.environ.setdefault("MIMALLOC_ARENA_EAGER_COMMIT", "0")
 os.environ.setdefault("MIMALLOC_PURGE_DELAY", "0")
 
+# Loaded by the main thread, with the source module: loaded instead on a thread that had ended
+# before the fork of the worker processes (tried, to overlap imports with the listing), it made
+# every forked child die of SIGSEGV.
 from pyreqwest import exceptions as native_errors
 from pyreqwest.client import Client, ClientBuilder
 from pyreqwest.proxy import ProxyBuilder

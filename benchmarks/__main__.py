@@ -17,7 +17,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from benchmarks import cloudemulators, harness, latency, machine, report
+from benchmarks import cloudemulators, freepages, harness, latency, machine, report
 from benchmarks import contenders as contenders_mod
 from benchmarks.endpoints import Endpoints
 from benchmarks.fixtures import load_or_generate
@@ -137,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         if source in cloudemulators.SOURCES and any(source in c.sources for c in chosen):
             cloud_assets.setdefault(source, set()).add(asset)
     with contextlib.ExitStack() as stack:
+        free_pages = stack.enter_context(freepages.reporting_held_back())
+        print(f"free memory: {free_pages}", flush=True)
         endpoints = stack.enter_context(
             Endpoints(fixture, bench / "endpoints", latency_s=latency_s)
         )
@@ -182,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
                     a: {"bytes": fixture.expected_bytes(a), "files": len(fixture.expected(a))}
                     for a in ("model", "dataset")
                 },
-                "machine": machine.describe(venv, kserve_venv),
+                "machine": machine.describe(venv, kserve_venv) | {"free_pages": free_pages},
             }
             runner.save(out / "results.json", meta)
     results = {"meta": meta, "records": [r.__dict__ for r in runner.records]}

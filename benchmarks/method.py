@@ -49,8 +49,14 @@ METHOD = """\
   fork) to the arrival at nginx of its first file-data GET (an S3 object GET, a Hub `resolve` or
   a CDN GET; `$msec` minus `$request_time` of its access-log line, ±1 ms); median over the runs.
   Interpreter start, imports, client set-up and listing all count.
-- **Paired rounds**: this VM's timings depend on what ran just before (a contender that frees
-  900 MiB makes the next one slower), so the cold and latency scenarios run {rounds} rounds in
+- **Free memory**: on a VM whose balloon reports free memory to the host, a contender handed
+  memory the host took back pays its page faults (writing 2 GiB into the page cache: 0.39 s
+  right after a free, 2.9-3.9 s once the freed memory had sat 4 s); which contender pays
+  depended on the order. The harness raises `page_reporting_order` to its highest for the
+  session (only 4 MiB blocks are reported; the same write then took 0.57 s) and puts it back
+  after; the machine line above says what it found and did (`benchmarks/freepages.py`).
+- **Paired rounds**: this VM's timings still depend on what ran just before, so the cold and
+  latency scenarios run {rounds} rounds in
   which ours and each peer run back to back; which of the two goes first alternates from round
   to round (and from pair to pair), and the peers' order rotates. "ours vs it" is the median over
   the rounds of the peer's wall time over ours in the same round (above 1: ours was faster),

@@ -469,7 +469,8 @@ def markdown(results: dict) -> str:
             " (1/5/15 min); above about 1 the machine was not quiet and the figures are noisy."
             if "load_average" in m
             else ""
-        ),
+        )
+        + (f" Free memory: {m['free_pages']}." if "free_pages" in m else ""),
         "",
         "**Versions**: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()) + ".",
         "",

@@ -4,13 +4,14 @@ Why: this machine is a VM whose balloon device reports free memory to the host
 (``VIRTIO_BALLOON_F_REPORTING``; the kernel's ``page_reporting`` module, 2 MiB blocks). A block
 reported is given back to the host, and whoever is handed it next pays the host's page faults on
 first touch. Writing 2 GiB into the page cache took 0.39 s right after 2 GiB had been freed, and
-2.9-3.9 s once the freed memory had sat for 4 s (``dd``, 4 runs); in a two-contender session on
-the S3 model, ours took 3.1-8.8 s at 4.5-13 CPU-seconds in every run that followed s5cmd's, 76%
-of its samples in the kernel's copy into the page cache, and 1.4-2.6 s otherwise. Which
-contender pays depends on the order and on the host, not on the tools; real nodes without the
-device never pay. Raised to its highest order, the kernel reports only 4 MiB blocks: the same
-``dd`` took 0.57 s after the 4 s wait, and the same session ran ours in 1.89-2.07 s after every
-peer. The order is put back when the session ends; the report says what was done.
+2.9-3.9 s once the freed memory had sat for 4 s (``dd``, 4 runs); in two-contender sessions on
+the S3 model, ours took 3.57-4.92 s at 5.2-7.2 CPU-seconds in every run that followed s5cmd's,
+76% of its samples in the kernel's copy into the page cache, and 1.37-2.63 s otherwise (why
+s5cmd after ours did not pay is not known). Nodes without the device never pay. Raised to its
+highest order, the kernel reports only 4 MiB blocks: the same ``dd`` took 0.57 s after the 4 s
+wait, and the same session ran ours in 1.89-2.07 s after every peer. Memory reported before the
+session stays reported (the first run of a session can still pay). The order is put back when
+the session ends; the report says what was done.
 """
 
 from __future__ import annotations

@@ -31,8 +31,12 @@ def ctx(fixture: Fixture, endpoints: Endpoints, tmp_path: Path) -> Context:
 def test_a_cold_scenario_runs_ours_and_the_peer_back_to_back_in_alternating_order(
     ctx: Context, endpoints: Endpoints, tmp_path: Path
 ) -> None:
-    runner = Harness(ctx, endpoints, tmp_path / "out", log=lambda _: None)
+    lines: list[str] = []
+    runner = Harness(ctx, endpoints, tmp_path / "out", log=lines.append)
     runner.run_scenario("cold-s3-dataset", [FakeOurs(), Curl8()], rounds=2)
+    # First a run of ours that is not measured, so the first round follows a fetch too.
+    assert "warm-up run, not measured" in lines[1] and "ours" in lines[1]
+    assert (tmp_path / "out" / "logs" / "cold-s3-dataset-warm-up-ours.log").exists()
     order = [(r.run, r.contender, r.pair) for r in runner.records]
     assert order == [
         (0, "ours", "curl-8"), (0, "curl-8", "curl-8"),

@@ -172,6 +172,11 @@ class FileFetcher:
             on_commit=partial(self._committed, job),
         )
         try:
+            # Closed before the group sees the file: the group's thread may commit it at once
+            # and remove the journal (closing it) while this one would still close it too. That
+            # double close hit a descriptor reused by another file (EBADF in its next write: one
+            # Hub model run of 25 in a complete make bench at 828533e).
+            job.journal.close()
             self.group.add(job.open(), verified)
             job.close()
         except OSError as exc:

@@ -126,3 +126,44 @@ def _raises_enospc(call) -> bool:
     except OSError as exc:
         return exc.errno == errno.ENOSPC
     return False
+
+
+def test_a_file_reaches_its_commit_with_its_journal_closed_by_the_worker_that_queued_it(tmp_path):
+    # The group's thread may commit a file the moment it is queued, and removing its journal
+    # closes it there; the worker closing it too raced with that (a double close hit a
+    # descriptor another file had reused: EBADF in that file's next write).
+    from initializers.fetching import FileFetcher
+    from initializers.filejob import CHECKPOINT, FileJob
+    from initializers.progress import Progress
+    from initializers.retry import RetryPolicy
+    from initializers.sources.local import LocalSource
+
+    body = os.urandom(2 * CHECKPOINT)  # journaled: more than one checkpoint
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "shard.bin").write_bytes(body)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    source = LocalSource(tmp_path / "src")
+    (remote,) = source.list().files
+    job = FileJob(remote, dest)
+    job.plan()
+    open_at_commit: list[list[str]] = []
+
+    class Watched(GroupCommit):
+        def add(self, fd: int, file: Verified) -> None:
+            fds = os.listdir("/proc/self/fd")
+            open_at_commit.append([os.path.realpath(f"/proc/self/fd/{n}") for n in fds])
+            super().add(fd, file)
+
+    group = Watched(dest, CommitLog(dest))
+    progress = Progress(1, len(body), 0)
+    fetcher = FileFetcher(source, RetryPolicy(), threading.Event(), progress, group)
+    for start, end in job.ranges:
+        fetcher.fetch_range(job, start, end)
+        job.range_finished()
+    assert job.journal.path.exists()  # the fetch did keep a journal
+    fetcher.commit(job)
+    group.flush()
+    assert str(job.journal.path) not in open_at_commit[0]
+    assert (dest / "shard.bin").read_bytes() == body
+    assert not job.journal.path.exists()  # removed by the commit

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import ssl
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Self
 from urllib.parse import quote, urlsplit
 
 import httpx2
-from huggingface_hub import HfApi, get_session, hf_hub_url
+from huggingface_hub import HfApi, get_session, hf_hub_url, set_client_factory
 from huggingface_hub import constants as hub_constants
 from huggingface_hub.errors import (
     DisabledRepoError,
@@ -79,6 +80,40 @@ def _enforce_timeout(timeout: float) -> None:
     session.event_hooks = hooks
 
 
+def _trust_ca_bundle(ca_bundle: str) -> None:
+    """Make huggingface_hub's shared client trust ``ca_bundle`` (``--ca-bundle``), as the file
+    GETs do: a Hub mirror behind a private CA must be listed (revision, tree) as well as
+    fetched. The client keeps everything else of the one it replaces (hooks, redirects)."""
+    try:
+        context = ssl.create_default_context(cafile=ca_bundle)
+    except (OSError, ssl.SSLError) as exc:
+        raise UsageError(
+            f"the CA bundle {ca_bundle} holds no certificate OpenSSL can load ({exc}); "
+            "pass a PEM file of CA certificates"
+        ) from None
+    current = get_session()
+    hooks, redirects, timeout = current.event_hooks, current.follow_redirects, current.timeout
+
+    def client() -> httpx2.Client:
+        return httpx2.Client(
+            event_hooks=hooks, follow_redirects=redirects, timeout=timeout, verify=context
+        )
+
+    set_client_factory(client)
+
+
+def _tls_failed(exc: BaseException) -> bool:
+    """True when a failed connection failed in TLS (a refused certificate, a plain-HTTP server
+    at an https:// URL), as the urllib3 path judges it; httpx wraps httpcore's error, which
+    wraps ssl's."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 class HfSource(Source):
     """Files of one Hub repo at one commit, optionally under one folder or a single file."""
 
@@ -108,6 +143,8 @@ class HfSource(Source):
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise UsageError(f"HF_ENDPOINT {self.endpoint!r} is not an http(s):// URL")
         _disable_telemetry()
+        if settings.ca_bundle:
+            _trust_ca_bundle(settings.ca_bundle)
         self._api = HfApi(
             endpoint=self.endpoint,
             token=settings.token or False,
@@ -322,6 +359,15 @@ class HfSource(Source):
             if status in (408, 429) or status >= 500:
                 raise TransientError(f"{where}: the Hub answered HTTP {status}") from None
             raise UsageError(f"{where}: the Hub refused the request (HTTP {status})") from None
+        except httpx2.ConnectError as exc:
+            if _tls_failed(exc):
+                raise UsageError(
+                    f"{where}: TLS verification failed; pass --ca-bundle with the endpoint's "
+                    "CA, or use its http:// URL"
+                ) from None
+            raise TransientError(
+                f"{where}: cannot reach {self.endpoint} ({type(exc).__name__})"
+            ) from None
         except httpx2.TransportError as exc:
             raise TransientError(
                 f"{where}: cannot reach {self.endpoint} ({type(exc).__name__})"

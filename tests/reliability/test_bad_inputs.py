@@ -286,6 +286,13 @@ BAD_INPUTS: list[Bad] = [
         2,
         "TLS verification failed",
     ),
+    Bad(
+        "`https://` Hub endpoint of a plain-HTTP server",
+        {"STORAGE_URI": "hf://org/model", "HF_ENDPOINT": "{hub_https}"},
+        2,
+        "TLS verification failed",
+        kind="model",
+    ),
     # -- patterns ------------------------------------------------------------------------------
     Bad(
         "`ALLOW_PATTERNS=*.json,[abc`",
@@ -564,6 +571,7 @@ def test_every_bad_input_exits_with_its_documented_code_and_one_clear_line(
         "s3": bucket.endpoint,
         "s3_https": bucket.endpoint.replace("http://", "https://"),
         "hub": hub.endpoint,
+        "hub_https": hub.endpoint.replace("http://", "https://"),
         "locked": locked_s3[0],
         "locked_key": locked_s3[1],
         "tmp": str(tmp_path),

@@ -288,3 +288,26 @@ def test_s3_over_https_without_a_ca_bundle_for_a_self_signed_certificate_exits_2
     assert run.finish() == 2
     assert "pass --ca-bundle" in run.stderr and "Traceback" not in run.stderr
     assert not (out / "a.jsonl").exists()
+
+
+def test_a_hub_mirror_behind_a_private_ca_is_listed_as_well_as_fetched_with_the_ca_bundle(
+    hub, proxies, run_initializer, tmp_path
+):
+    # --ca-bundle reached the file GETs but not huggingface_hub's own client, which resolves the
+    # revision and lists the tree: such a mirror failed before its first file.
+    ca, cert, key = (tmp_path / name for name in ("ca.pem", "cert.pem", "key.pem"))
+    ca_signed(ca, cert, key)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    files = dataset(46, {"config.json": 900, "model.safetensors": 3 << 20})
+    hub.add_repo("org/m", files)
+    api = proxies(hub.endpoint, tls=context)
+    assert api.url.startswith("https://")
+    out = tmp_path / "out"
+    env = {"STORAGE_URI": "hf://org/m", "HF_ENDPOINT": api.url, "OUTPUT_PATH": str(out)}
+    result = run_initializer("model", "--ca-bundle", str(ca), env=env)
+    assert result.code == 0, result.output
+    assert_identical(out, files)
+    without = run_initializer("model", env=env | {"OUTPUT_PATH": str(tmp_path / "other")})
+    assert without.code == 2 and "pass --ca-bundle" in without.stderr, without.output
+    assert "Traceback" not in without.stderr

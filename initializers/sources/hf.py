@@ -86,11 +86,13 @@ def _trust_ca_bundle(ca_bundle: str) -> None:
     fetched. The client keeps everything else of the one it replaces (hooks, redirects)."""
     try:
         context = ssl.create_default_context(cafile=ca_bundle)
-    except (OSError, ssl.SSLError) as exc:
+    except ssl.SSLError:
         raise UsageError(
-            f"the CA bundle {ca_bundle} holds no certificate OpenSSL can load ({exc}); "
+            f"the CA bundle {ca_bundle} holds no certificate OpenSSL can load; "
             "pass a PEM file of CA certificates"
         ) from None
+    except OSError as exc:  # the words of the native path's own check
+        raise UsageError(f"cannot read the CA bundle {ca_bundle}: {exc.strerror}") from None
     current = get_session()
     hooks, redirects, timeout = current.event_hooks, current.follow_redirects, current.timeout
 

@@ -293,6 +293,13 @@ BAD_INPUTS: list[Bad] = [
         "TLS verification failed",
         kind="model",
     ),
+    Bad(
+        "`REQUESTS_CA_BUNDLE` a file with no certificate in it",
+        {"STORAGE_URI": "hf://org/model", **HUB, "REQUESTS_CA_BUNDLE": "{tmp}/a-file"},
+        2,
+        "holds no certificate OpenSSL can load",
+        kind="model",
+    ),
     # -- patterns ------------------------------------------------------------------------------
     Bad(
         "`ALLOW_PATTERNS=*.json,[abc`",

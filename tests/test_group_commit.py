@@ -12,7 +12,12 @@ import pytest
 
 from initializers import commits
 from initializers.commits import GroupCommit, Verified
+from initializers.fetching import FileFetcher
+from initializers.filejob import CHECKPOINT, FileJob
 from initializers.journal import CommitLog
+from initializers.progress import Progress
+from initializers.retry import RetryPolicy
+from initializers.sources.local import LocalSource
 
 
 def verified(dest: Path, name: str, body: bytes, done: list[str]) -> tuple[int, Verified]:
@@ -132,12 +137,6 @@ def test_a_file_reaches_its_commit_with_its_journal_closed_by_the_worker_that_qu
     # The group's thread may commit a file the moment it is queued, and removing its journal
     # closes it there; the worker closing it too raced with that (a double close hit a
     # descriptor another file had reused: EBADF in that file's next write).
-    from initializers.fetching import FileFetcher
-    from initializers.filejob import CHECKPOINT, FileJob
-    from initializers.progress import Progress
-    from initializers.retry import RetryPolicy
-    from initializers.sources.local import LocalSource
-
     body = os.urandom(2 * CHECKPOINT)  # journaled: more than one checkpoint
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "shard.bin").write_bytes(body)

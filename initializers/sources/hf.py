@@ -361,16 +361,12 @@ class HfSource(Source):
             if status in (408, 429) or status >= 500:
                 raise TransientError(f"{where}: the Hub answered HTTP {status}") from None
             raise UsageError(f"{where}: the Hub refused the request (HTTP {status})") from None
-        except httpx2.ConnectError as exc:
-            if _tls_failed(exc):
+        except httpx2.TransportError as exc:
+            if isinstance(exc, httpx2.ConnectError) and _tls_failed(exc):
                 raise UsageError(
                     f"{where}: TLS verification failed; pass --ca-bundle with the endpoint's "
                     "CA, or use its http:// URL"
                 ) from None
-            raise TransientError(
-                f"{where}: cannot reach {self.endpoint} ({type(exc).__name__})"
-            ) from None
-        except httpx2.TransportError as exc:
             raise TransientError(
                 f"{where}: cannot reach {self.endpoint} ({type(exc).__name__})"
             ) from None

@@ -7,10 +7,12 @@ METHOD = """\
 
 - **Endpoints** (all on 127.0.0.1, one nginx {nginx}): an S3 endpoint whose object GETs/HEADs are
   plain nginx static files (sendfile, Range, keep-alive) with listings answered by a small Python
-  layer (`benchmarks/s3api.py`). Objects carry what a current AWS SDK or CLI upload leaves on S3:
-  ETags (MD5, or the multipart `"<md5 of part md5s>-N"` shape above 8 MiB) and a CRC32 additional
-  checksum — full-object below 8 MiB, composite (`...-N`, which no whole-file digest reproduces)
-  above — returned on whole-object GETs that ask for it (`x-amz-checksum-mode: ENABLED`).
+  layer (`benchmarks/s3api.py`, with Nagle's algorithm off: before 2026-12-04 a listing's short
+  last page waited ~40 ms for nginx's delayed ACK, which S3 makes no one wait). Objects carry
+  what a current AWS SDK or CLI upload leaves on S3: ETags (MD5, or the multipart
+  `"<md5 of part md5s>-N"` shape above 8 MiB) and a CRC32 additional checksum — full-object
+  below 8 MiB, composite (`...-N`, which no whole-file digest reproduces) above — returned on
+  whole-object GETs that ask for it (`x-amz-checksum-mode: ENABLED`).
   A Hub endpoint: the project's test Hub (`tests/servers/hub.py`) behind nginx for the API and
   `resolve`, with LFS files redirected to nginx on another port (the CDN).
 - **Cloud emulators** (`cold-gcs-model`, `cold-az-model`): the same model, uploaded once per run

@@ -49,6 +49,12 @@ class RangeJournal:
         self.path = path
         self._identity = identity
         self._fd: int | None = None
+        # Several workers record one file's ranges, and whichever holder gets there first closes
+        # the journal (the worker that finished the file, or the commit that removes it): the
+        # descriptor is given up under this lock, so it is closed once and never written after.
+        # A closed number is soon another file's: a second close hit one in a benchmark run
+        # ("Bad file descriptor", fixed by ordering in c4abcad; this makes the order not matter).
+        self._lock = threading.Lock()
 
     def load(self) -> list[Interval]:
         """Intervals recorded for the same identity; empty when absent or for another version."""
@@ -77,13 +83,15 @@ class RangeJournal:
             os.write(self._fd, (json.dumps(self._identity) + "\n").encode())
 
     def record(self, start: int, end: int) -> None:
-        if self._fd is not None and end > start:
-            os.write(self._fd, f"{start} {end}\n".encode())
+        with self._lock:
+            if self._fd is not None and end > start:
+                os.write(self._fd, f"{start} {end}\n".encode())
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        with self._lock:
+            fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
 
     def remove(self) -> None:
         self.close()

@@ -13,7 +13,7 @@ import pytest
 
 from initializers.checksum import SpanDigest, digest_file, is_supported
 from initializers.fsutil import UnsafePathError, safe_relpath
-from initializers.journal import holes, merge
+from initializers.journal import RangeJournal, holes, merge
 from initializers.patterns import is_selected
 from initializers.selection import select
 from initializers.sources.base import RemoteFile
@@ -103,6 +103,38 @@ def sample(tmp_path):
     fd = os.open(path, os.O_RDONLY)
     yield fd, data
     os.close(fd)
+
+
+def test_a_journal_closed_by_two_threads_at_once_closes_its_descriptor_once(tmp_path, monkeypatch):
+    journal = RangeJournal(tmp_path / ".f.part.journal", {"size": 8, "version": "v"})
+    journal.open(fresh=True)
+    journal.record(0, 4)
+    closes: list[int] = []
+    first_inside, let_first_finish = threading.Event(), threading.Event()
+    real_close = os.close
+
+    def close(fd: int) -> None:
+        """The first close of the journal waits inside until the second closer has run."""
+        closes.append(fd)
+        if len(closes) == 1:
+            first_inside.set()
+            let_first_finish.wait(10)
+        real_close(fd)
+
+    monkeypatch.setattr(os, "close", close)
+    first = threading.Thread(target=journal.close)
+    first.start()
+    assert first_inside.wait(10)
+    second = threading.Thread(target=journal.close)  # while the first is mid-close
+    second.start()
+    second.join(10)
+    let_first_finish.set()
+    first.join(10)
+    monkeypatch.undo()
+
+    assert len(closes) == 1  # the second closer found nothing left to close
+    journal.record(4, 8)  # a late record after the close writes nowhere
+    assert journal.load() == [(0, 4)]
 
 
 def test_digests_match_what_the_sources_announce(sample):

@@ -79,3 +79,14 @@ class Interrupted(InitializerError):
     """The run was stopped by a signal; everything fetched so far is kept for a rerun."""
 
     exit_code = ExitCode.INTERRUPTED
+
+
+def tls_refused(what: str, variable: str | None = None) -> str:
+    """The one line for a server certificate a client refused, whichever client: the fix is the
+    endpoint's CA (``--ca-bundle``, or the environment ``variable`` the SDKs read too) or
+    plain HTTP."""
+    also = f" (or {variable})" if variable else ""
+    return (
+        f"{what}: TLS verification failed; pass --ca-bundle{also} with the endpoint's CA, "
+        "or use its http:// URL"
+    )

@@ -55,7 +55,13 @@ from pyreqwest.response import Response
 from urllib3 import HTTPHeaderDict
 
 from initializers import processes
-from initializers.errors import InitializerError, IntegrityError, TransientError, UsageError
+from initializers.errors import (
+    InitializerError,
+    IntegrityError,
+    TransientError,
+    UsageError,
+    tls_refused,
+)
 from initializers.httpstatus import check_answer, range_value
 from initializers.interrupts import on_interrupt
 from initializers.streams import RangeReader
@@ -393,10 +399,7 @@ def classify(exc: BaseException, what: str) -> InitializerError | TransientError
     text = str(exc).lower()
     if isinstance(exc, native_errors.ConnectError | native_errors.ConnectTimeoutError):
         if "certificate" in text or "invalid peer" in text or "tls" in text:
-            return TlsRefused(
-                f"{what}: TLS verification failed; pass --ca-bundle with the endpoint's CA, "
-                "or use its http:// URL"
-            )
+            return TlsRefused(tls_refused(what))
         return TransientError(f"{what}: cannot connect to the server")
     if isinstance(exc, native_errors.RequestTimeoutError):
         return TransientError(f"{what}: the server stalled past the timeout")

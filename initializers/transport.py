@@ -35,6 +35,7 @@ from initializers.errors import (
     IntegrityError,
     TransientError,
     UsageError,
+    tls_refused,
 )
 from initializers.httpstatus import check_answer, range_value
 from initializers.interrupts import on_interrupt
@@ -341,10 +342,7 @@ def classify_exception(exc: BaseException, what: str) -> Exception:
     """Map a urllib3/socket failure to a typed error, with a message free of URLs."""
     reason: BaseException = exc.reason if isinstance(exc, MaxRetryError) and exc.reason else exc
     if isinstance(reason, SSLError | ssl.SSLError):
-        return UsageError(
-            f"{what}: TLS verification failed; pass --ca-bundle (or AWS_CA_BUNDLE) "
-            "with the endpoint's CA, or use its http:// URL"
-        )
+        return UsageError(tls_refused(what, "AWS_CA_BUNDLE"))
     if isinstance(reason, ProxyError):
         return TransientError(f"{what}: the HTTP proxy refused or dropped the connection")
     if isinstance(reason, NewConnectionError):  # before TimeoutError: urllib3 subclasses it

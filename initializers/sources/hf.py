@@ -35,7 +35,7 @@ from huggingface_hub.utils import parse_hf_uri
 
 from initializers import __version__
 from initializers.config import Settings
-from initializers.errors import AuthError, NotFoundError, TransientError, UsageError
+from initializers.errors import AuthError, NotFoundError, TransientError, UsageError, tls_refused
 from initializers.fsutil import UnsafePathError, safe_relpath
 from initializers.httpstatus import check_status
 from initializers.native import WHOLE_BODY, NativeHttp, NativeRefused, Streamed
@@ -363,10 +363,7 @@ class HfSource(Source):
             raise UsageError(f"{where}: the Hub refused the request (HTTP {status})") from None
         except httpx2.TransportError as exc:
             if isinstance(exc, httpx2.ConnectError) and _tls_failed(exc):
-                raise UsageError(
-                    f"{where}: TLS verification failed; pass --ca-bundle with the endpoint's "
-                    "CA, or use its http:// URL"
-                ) from None
+                raise UsageError(tls_refused(where)) from None
             raise TransientError(
                 f"{where}: cannot reach {self.endpoint} ({type(exc).__name__})"
             ) from None

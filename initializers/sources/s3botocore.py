@@ -23,7 +23,7 @@ from botocore.credentials import (
 from botocore.parsers import ResponseParserFactory
 
 from initializers.config import Settings
-from initializers.errors import AuthError, NotFoundError, TransientError, UsageError
+from initializers.errors import AuthError, NotFoundError, TransientError, UsageError, tls_refused
 from initializers.retry import RetryPolicy
 from initializers.sources.s3errors import s3_error
 
@@ -140,10 +140,7 @@ class BotocorePlane:
                 "bucket"
             ) from None
         except bexc.SSLError:
-            raise UsageError(
-                f"{where}: TLS verification failed; pass --ca-bundle (or "
-                "AWS_CA_BUNDLE) with the endpoint's CA"
-            ) from None
+            raise UsageError(tls_refused(where, "AWS_CA_BUNDLE")) from None
         except (bexc.ConnectionError, bexc.HTTPClientError, bexc.ResponseStreamingError) as exc:
             raise TransientError(
                 f"{where}: cannot reach the S3 endpoint ({type(exc).__name__})"

@@ -176,7 +176,7 @@ class FileFetcher:
             # and remove the journal (closing it) while this one would still close it too. That
             # double close hit a descriptor reused by another file (EBADF in its next write: one
             # Hub model run of 25 in a complete make bench at 828533e).
-            job.journal.close()
+            job.close_journal()
             self.group.add(job.open(), verified)
             job.close()
         except OSError as exc:

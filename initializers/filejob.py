@@ -165,11 +165,17 @@ class FileJob:
         self.journal.remove()
         self.part.unlink(missing_ok=True)
 
+    def close_journal(self) -> None:
+        """Close the journal if this run opened one: only a resumable file has one, and
+        making its name cost a small file's loop thread more than the close."""
+        if "journal" in vars(self):
+            self.journal.close()
+
     def close(self) -> None:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
-        self.journal.close()
+        self.close_journal()
 
 
 def split_range(start: int, end: int) -> list[tuple[int, int]]:

@@ -286,8 +286,10 @@ async def _exchange(
     request = client.get(url).headers(own).build_streamed()
     try:
         # The client's read timeout starts with the body: a server that never answers is
-        # caught here, after the same gap.
-        response = await asyncio.wait_for(request.__aenter__(), timeout)
+        # caught here, after the same gap. A deadline on this task, not wait_for's task per
+        # request (~7% of the loop thread's Python time on the S3 dataset, by py-spy).
+        async with asyncio.timeout(timeout):
+            response = await request.__aenter__()
     except TimeoutError:
         raise TransientError(f"{what}: the server stalled past the timeout") from None
     except Exception as exc:

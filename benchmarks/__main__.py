@@ -17,7 +17,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from benchmarks import cloudemulators, freepages, harness, latency, machine, report
+from benchmarks import cloudemulators, destinations, freepages, harness, latency, machine, report
 from benchmarks import contenders as contenders_mod
 from benchmarks.endpoints import Endpoints
 from benchmarks.fixtures import load_or_generate
@@ -139,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         free_pages = stack.enter_context(freepages.reporting_held_back())
         print(f"free memory: {free_pages}", flush=True)
+        placed = destinations.spread(out / "runs")
+        print(f"destinations: {placed}", flush=True)
         endpoints = stack.enter_context(
             Endpoints(fixture, bench / "endpoints", latency_s=latency_s)
         )
@@ -184,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
                     a: {"bytes": fixture.expected_bytes(a), "files": len(fixture.expected(a))}
                     for a in ("model", "dataset")
                 },
-                "machine": machine.describe(venv, kserve_venv) | {"free_pages": free_pages},
+                "machine": machine.describe(venv, kserve_venv)
+                | {"free_pages": free_pages, "destinations": placed},
             }
             runner.save(out / "results.json", meta)
     results = {"meta": meta, "records": [r.__dict__ for r in runner.records]}

@@ -149,6 +149,7 @@ class Harness:
         self.ctx = ctx
         self.endpoints = endpoints
         self.out = out
+        self.runs = out / "runs"  # each run's destination: a fresh folder (destinations.py)
         self.log = log
         self.shard_cap_mib_s = shard_cap_mib_s
         self.records: list[RunRecord] = []
@@ -276,14 +277,15 @@ class Harness:
         a fetch of the same asset as every later run does: on this VM the scenario's first run
         was the slow one (ours, S3 model: 5.90 s at 8.8 CPU-seconds, 1.55-2.27 s in its other
         runs), handed memory the host had taken back before the scenario."""
-        dest = self.out / "dest"
+        tag = f"{scenario}-warm-up-{contender.name}"
+        dest = self.runs / tag
         self._clean(dest)
         self.log(f"  {scenario:18} {contender.name:13} warm-up run, not measured")
-        self._invoke(contender, _task(scenario), dest, f"{scenario}-warm-up-{contender.name}")
+        self._invoke(contender, _task(scenario), dest, tag)
         self._clean(dest)
 
     def _cold(self, scenario: str, contender: Contender, slot: schedule.Slot, tag: str) -> None:
-        dest = self.out / "dest"
+        dest = self.runs / tag
         self._clean(dest)
         m, traffic = self._invoke(contender, _task(scenario), dest, tag)
         self._record(scenario, contender, slot, m, dest, traffic)
@@ -308,7 +310,7 @@ class Harness:
         self._record(scenario, c, slot, m, dest, traffic)
 
     def _resume(self, scenario: str, contender: Contender, slot: schedule.Slot, tag: str) -> None:
-        dest = self.out / "dest"
+        dest = self.runs / tag
         self._clean(dest)
         total = self.ctx.fixture.expected_bytes(parts(scenario)[2])
         first, _ = self._invoke(
@@ -405,7 +407,7 @@ class Harness:
         self, scenario: str, ours: Ours, task: Task, slot: schedule.Slot, tag: str,
         proxies: list[RateProxy], cap: float | None,
     ) -> None:  # fmt: skip
-        dest = self.out / "dest"
+        dest = self.runs / tag
         self._clean(dest)
         logs = self.out / "logs" / tag
         inv = ours.sharded(self.ctx, task, dest, [p.url for p in proxies], run=tag, logs=logs)

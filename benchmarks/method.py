@@ -61,14 +61,16 @@ METHOD = """\
   run of ours that is not measured, so that its first round, like every later one, follows a
   fetch of the same asset (the first run had been the slow one: ours, S3 model, 5.90 s against
   1.55-2.27 s).
-- **Filesystem**: the destinations are on this VM's root filesystem, ext4 without a journal,
-  where every file creation scans past the inodes freed in the last minute or more (ext4 checks
-  `recently_deleted` only without a journal), and each run's destination is removed before the
-  next. Measured on the S3 dataset with `perf`, 2026-12-04: ~30% of ours' samples (~1.5
-  CPU-seconds) and ~18% of s5cmd's (~0.6) were in that scan; ours' 2,004 files had landed in ~6
-  block groups, s5cmd's in ~41, and a creation took ours 0.58 ms (median) against s5cmd's 0.25.
-  Not neutralized: on a journaled ext4 (a loop device with direct I/O) the same pairs ran ours
-  in 1.69-1.86 s and s5cmd in 1.24-1.51 s, so the scan is not the whole of that gap either.
+- **Filesystem**: this VM's root filesystem is ext4 without a journal, where each file creation
+  skips the inodes freed in the last minute or more (`recently_deleted`, checked only without a
+  journal); with every run's destination removed before the next, a run paid for the runs
+  before it. Measured with `perf` on the S3 dataset: ~30% of ours' samples (~1.5 CPU-seconds)
+  and ~18% of s5cmd's, and ours' system time grew from 1.44 s to 2.01 s over three runs in a
+  row (its files land in fewer block groups) where s5cmd's stayed flat. So each run fetches
+  into a fresh folder made in one marked `chattr +T`, which ext4 spreads over the disk like a
+  top-level folder; three runs in a row of either then kept their system time flat. The machine
+  line above says whether it applied (`benchmarks/destinations.py`). On a journaled ext4 (a loop
+  device with direct I/O) ours still trailed s5cmd on this dataset: the scan is not the whole gap.
 - **Paired rounds**: this VM's timings still depend on what ran just before, so the cold and
   latency scenarios run {rounds} rounds in
   which ours and each peer run back to back; which of the two goes first alternates from round

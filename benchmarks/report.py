@@ -470,7 +470,8 @@ def markdown(results: dict) -> str:
             if "load_average" in m
             else ""
         )
-        + (f" Free memory: {m['free_pages']}." if "free_pages" in m else ""),
+        + (f" Free memory: {m['free_pages']}." if "free_pages" in m else "")
+        + (f" Destinations: {m['destinations']}." if "destinations" in m else ""),
         "",
         "**Versions**: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()) + ".",
         "",

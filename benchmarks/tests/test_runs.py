@@ -33,7 +33,16 @@ def test_a_cold_scenario_runs_ours_and_the_peer_back_to_back_in_alternating_orde
 ) -> None:
     lines: list[str] = []
     runner = Harness(ctx, endpoints, tmp_path / "out", log=lines.append)
+    destinations: list[Path] = []
+    invoke = runner._invoke
+    runner._invoke = lambda c, task, dest, tag, **kw: (  # type: ignore[method-assign]
+        destinations.append(dest) or invoke(c, task, dest, tag, **kw)
+    )
     runner.run_scenario("cold-s3-dataset", [FakeOurs(), Curl8()], rounds=2)
+    # Every run had a fresh folder of its own under runs/, removed once the run was checked.
+    assert len(set(destinations)) == len(destinations) == 5
+    assert all(d.parent == tmp_path / "out" / "runs" for d in destinations)
+    assert not any((tmp_path / "out" / "runs").iterdir())
     # First a run of ours that is not measured, so the first round follows a fetch too.
     assert "warm-up run, not measured" in lines[1] and "ours" in lines[1]
     assert (tmp_path / "out" / "logs" / "cold-s3-dataset-warm-up-ours.log").exists()

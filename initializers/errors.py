@@ -90,3 +90,12 @@ def tls_refused(what: str, variable: str | None = None) -> str:
         f"{what}: TLS verification failed; pass --ca-bundle{also} with the endpoint's CA, "
         "or use its http:// URL"
     )
+
+
+def unloadable_ca_bundle(ca_bundle: str) -> str:
+    """The one message for a ``--ca-bundle`` file with no certificate in it, whichever client
+    reads it."""
+    return (
+        f"the CA bundle {ca_bundle} holds no certificate OpenSSL can load; "
+        "pass a PEM file of CA certificates"
+    )

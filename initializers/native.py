@@ -31,7 +31,7 @@ import logging
 import os
 import threading
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import timedelta
 from typing import TypeVar
@@ -61,6 +61,7 @@ from initializers.errors import (
     TransientError,
     UsageError,
     tls_refused,
+    unloadable_ca_bundle,
 )
 from initializers.httpstatus import check_answer, range_value
 from initializers.interrupts import on_interrupt
@@ -158,12 +159,12 @@ class NativeHttp:
         *,
         headers: Mapping[str, str],
         timeout: float,
-        ca_bundle: str | None = None,
+        roots: Sequence[bytes] = (),
     ) -> None:
         self._base_url = base_url.rstrip("/")
         self._headers = {"Accept-Encoding": "identity", **headers}
         self._timeout = timeout
-        self._roots = _read_roots(ca_bundle)
+        self._roots = roots  # the CA bundle's certificates (read_roots); none: the system's
         self._client: tuple[int, Client] | None = None
         self._lock = threading.Lock()
         # Set when rustls refused a certificate the CA bundle vouches for: it takes no CA
@@ -370,8 +371,9 @@ def _check_length(received: int, expected: int, what: str) -> None:
         raise IntegrityError(f"{what}: the server sent more bytes than asked")
 
 
-def _read_roots(ca_bundle: str | None) -> list[bytes]:
-    """The PEM certificates of ``ca_bundle``, one by one (the client takes one at a time)."""
+def read_roots(ca_bundle: str | None) -> list[bytes]:
+    """The PEM certificates of ``ca_bundle`` (``--ca-bundle``), one by one, as the native client
+    takes them; read once a run, for every client that needs them. None given: an empty list."""
     if not ca_bundle:
         return []
     try:
@@ -380,7 +382,11 @@ def _read_roots(ca_bundle: str | None) -> list[bytes]:
     except OSError as exc:
         raise UsageError(f"cannot read the CA bundle {ca_bundle}: {exc.strerror}") from None
     end = b"-----END CERTIFICATE-----"
-    return [part.strip() + b"\n" + end + b"\n" for part in text.split(end) if b"-----BEGIN" in part]
+    parts = [part.strip() for part in text.split(end) if b"-----BEGIN" in part]
+    roots = [part + b"\n" + end + b"\n" for part in parts]
+    if not roots:
+        raise UsageError(unloadable_ca_bundle(ca_bundle))
+    return roots
 
 
 def _proxy_for(base_url: str) -> ProxyBuilder | None:

@@ -35,10 +35,17 @@ from huggingface_hub.utils import parse_hf_uri
 
 from initializers import __version__
 from initializers.config import Settings
-from initializers.errors import AuthError, NotFoundError, TransientError, UsageError, tls_refused
+from initializers.errors import (
+    AuthError,
+    NotFoundError,
+    TransientError,
+    UsageError,
+    tls_refused,
+    unloadable_ca_bundle,
+)
 from initializers.fsutil import UnsafePathError, safe_relpath
 from initializers.httpstatus import check_status
-from initializers.native import WHOLE_BODY, NativeHttp, NativeRefused, Streamed
+from initializers.native import WHOLE_BODY, NativeHttp, NativeRefused, Streamed, read_roots
 from initializers.retry import RetryPolicy
 from initializers.sources.base import Checksum, Listing, RemoteFile, Source
 from initializers.streams import RangeReader
@@ -80,19 +87,15 @@ def _enforce_timeout(timeout: float) -> None:
     session.event_hooks = hooks
 
 
-def _trust_ca_bundle(ca_bundle: str) -> None:
-    """Make huggingface_hub's shared client trust ``ca_bundle`` (``--ca-bundle``), as the file
-    GETs do: a Hub mirror behind a private CA must be listed (revision, tree) as well as
-    fetched. The client keeps everything else of the one it replaces (hooks, redirects)."""
+def _trust_ca_bundle(ca_bundle: str, roots: list[bytes]) -> None:
+    """Make huggingface_hub's shared client trust ``ca_bundle``'s certificates ``roots``
+    (``--ca-bundle``, read once by :func:`read_roots`), as the file GETs do: a Hub mirror behind
+    a private CA must be listed (revision, tree) as well as fetched. The client keeps everything
+    else of the one it replaces (hooks, redirects)."""
     try:
-        context = ssl.create_default_context(cafile=ca_bundle)
-    except ssl.SSLError:
-        raise UsageError(
-            f"the CA bundle {ca_bundle} holds no certificate OpenSSL can load; "
-            "pass a PEM file of CA certificates"
-        ) from None
-    except OSError as exc:  # the words of the native path's own check
-        raise UsageError(f"cannot read the CA bundle {ca_bundle}: {exc.strerror}") from None
+        context = ssl.create_default_context(cadata=b"".join(roots).decode("ascii"))
+    except (ssl.SSLError, UnicodeDecodeError):
+        raise UsageError(unloadable_ca_bundle(ca_bundle)) from None
     current = get_session()
     hooks, redirects, timeout = current.event_hooks, current.follow_redirects, current.timeout
 
@@ -145,8 +148,9 @@ class HfSource(Source):
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise UsageError(f"HF_ENDPOINT {self.endpoint!r} is not an http(s):// URL")
         _disable_telemetry()
+        roots = read_roots(settings.ca_bundle)
         if settings.ca_bundle:
-            _trust_ca_bundle(settings.ca_bundle)
+            _trust_ca_bundle(settings.ca_bundle, roots)
         self._api = HfApi(
             endpoint=self.endpoint,
             token=settings.token or False,
@@ -159,7 +163,7 @@ class HfSource(Source):
             headers["Authorization"] = f"Bearer {settings.token}"
         self._headers = headers
         self._small = NativeHttp(
-            self.endpoint, headers=headers, timeout=settings.timeout, ca_bundle=settings.ca_bundle
+            self.endpoint, headers=headers, timeout=settings.timeout, roots=roots
         )
         self._large = HttpTransport.for_settings(settings)
         self._commit: str | None = None

@@ -22,7 +22,7 @@ from urllib.parse import quote, urlsplit
 from initializers import checksum as checksums
 from initializers.config import Settings
 from initializers.errors import NotFoundError, UsageError
-from initializers.native import NativeHttp, Streamed
+from initializers.native import NativeHttp, Streamed, read_roots
 from initializers.retry import RetryPolicy
 from initializers.sources import s3rest
 from initializers.sources.base import Checksum, Listing, RemoteFile, Source
@@ -95,7 +95,7 @@ class S3Source(Source):
         # Small objects over the native path; the workers' way (a retry, or every file once
         # the native client refused a certificate the CA bundle vouches for) is urllib3's.
         self._native = NativeHttp(
-            self._origin, headers={}, timeout=settings.timeout, ca_bundle=settings.ca_bundle
+            self._origin, headers={}, timeout=settings.timeout, roots=read_roots(settings.ca_bundle)
         )
         self._with_additional: set[str] = set()  # keys listed with an additional checksum
         self._listed_composite: set[str] = set()  # keys listed with a checksum of their parts

@@ -222,7 +222,7 @@ def test_the_native_path_trusts_the_ca_bundle_it_is_given_and_steps_aside_when_r
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"https://127.0.0.1:{server.server_address[1]}"
     try:
-        trusted = native.NativeHttp(base, headers={}, timeout=10, ca_bundle=str(ca))
+        trusted = native.NativeHttp(base, headers={}, timeout=10, roots=native.read_roots(str(ca)))
         with trusted.open_range("f.bin", 0, len(body), "f.bin", True) as reader:
             assert b"".join(bytes(chunk) for chunk in reader.chunks()) == body
         untrusted = native.NativeHttp(base, headers={}, timeout=10)
@@ -232,7 +232,7 @@ def test_the_native_path_trusts_the_ca_bundle_it_is_given_and_steps_aside_when_r
         # the native path is not tried again in this run.
         other = tmp_path / "other-ca.pem"
         ca_signed(other, tmp_path / "other-cert.pem", tmp_path / "other-key.pem")
-        refused = native.NativeHttp(base, headers={}, timeout=10, ca_bundle=str(other))
+        refused = native.NativeHttp(base, headers={}, timeout=10, roots=native.read_roots(str(other)))
         with pytest.raises(native.NativeRefused):
             refused.open_range("f.bin", 0, len(body), "f.bin", True)
         assert refused.refused
@@ -240,6 +240,38 @@ def test_the_native_path_trusts_the_ca_bundle_it_is_given_and_steps_aside_when_r
             refused.open_range("f.bin", 0, len(body), "f.bin", True)
     finally:
         server.shutdown()
+
+
+@pytest.mark.parametrize("source", ["s3", "hf"])
+@pytest.mark.parametrize(
+    ("bundle", "message"),
+    [
+        (None, "cannot read the CA bundle {path}: No such file or directory"),
+        (b"not a certificate\n", "the CA bundle {path} holds no certificate OpenSSL can load"),
+    ],
+    ids=["missing", "no-certificate"],
+)
+def test_a_ca_bundle_that_is_missing_or_holds_no_certificate_exits_2_before_any_request(
+    source, bundle, message, bucket, s3_endpoint, hub, run_initializer, tmp_path
+):
+    # Read once a run, for every client: the same one line whichever source and client, and
+    # never a silent fall-back to the system's CAs.
+    path = tmp_path / "ca.pem"
+    if bundle is not None:
+        path.write_bytes(bundle)
+    out = tmp_path / "out"
+    if source == "s3":
+        fill(bucket, "d", {"a.bin": b"x" * 10})
+        env = s3_env(bucket, s3_endpoint, "d", out)
+    else:
+        hub.add_repo("org/m", {"a.bin": b"x" * 10})
+        env = hub_env(hub, out)
+    result = run_initializer("dataset", "--ca-bundle", str(path), env=env)
+    assert result.code == 2, result.output
+    assert message.format(path=path) in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not out.exists() or not any(out.iterdir())
+    assert not hub.find_requests()
 
 
 @pytest.mark.parametrize(

@@ -11,8 +11,10 @@ METHOD = """\
   last page waited ~40 ms for nginx's delayed ACK, which S3 makes no one wait). Objects carry
   what a current AWS SDK or CLI upload leaves on S3: ETags (MD5, or the multipart
   `"<md5 of part md5s>-N"` shape above 8 MiB) and a CRC32 additional checksum — full-object
-  below 8 MiB, composite (`...-N`, which no whole-file digest reproduces) above — returned on
-  whole-object GETs that ask for it (`x-amz-checksum-mode: ENABLED`).
+  below 8 MiB, composite (`...-N`, of the 8 MiB parts) above — returned on whole-object GETs and
+  HEADs that ask for it (`x-amz-checksum-mode: ENABLED`); `HEAD ?partNumber=` answers a part's
+  size and the parts' count, as S3 does (since 2026-12-04 ours verifies a composite over the
+  parts, with one such HEAD per multipart object; before, those files were checked by size).
   A Hub endpoint: the project's test Hub (`tests/servers/hub.py`) behind nginx for the API and
   `resolve`, with LFS files redirected to nginx on another port (the CDN).
 - **Cloud emulators** (`cold-gcs-model`, `cold-az-model`): the same model, uploaded once per run

@@ -7,6 +7,10 @@ base64 of the big-endian digest, as S3 returns them; ``crc32c`` (GCS's) and ``md
 (GCS's ``md5Hash``, Azure's ``Content-MD5``) are encoded the same way. CRC32C and CRC64NVME need
 awscrt; without it they are reported unsupported and only the size is verified.
 
+A digest of an upload's parts (``parts``: their sizes, in order) is S3's for a multipart object:
+each part digested on its own, then the digest of their binary digests, followed by ``-N``: the
+ETag's ``<md5 of the parts' md5s>-N`` and a ``COMPOSITE`` additional checksum alike.
+
 Where a source announces several digests of one file (a GCS object's crc32c and md5Hash), they
 are one checksum to the engine, verified all at once in the same pass over the bytes: the
 algorithms joined by ``+`` (``crc32c+md5-base64``), the values by ``,`` in the same order
@@ -42,6 +46,9 @@ class _Hashlib:
     def update(self, data: bytes) -> None:
         self._hash.update(data)
 
+    def raw(self) -> bytes:
+        return self._hash.digest()
+
     def finish(self) -> str:
         if self._b64:
             return base64.b64encode(self._hash.digest()).decode()
@@ -57,8 +64,11 @@ class _Crc:
     def update(self, data: bytes) -> None:
         self._value = self._step(data, self._value)
 
+    def raw(self) -> bytes:
+        return self._value.to_bytes(self._width, "big")
+
     def finish(self) -> str:
-        return base64.b64encode(self._value.to_bytes(self._width, "big")).decode()
+        return base64.b64encode(self.raw()).decode()
 
 
 def _crt_step(name: str) -> Callable[[bytes, int], int] | None:
@@ -89,6 +99,42 @@ class _AllOf:
 
     def finish(self) -> str:
         return VALUES.join(digest.finish() for digest in self._digests)
+
+
+class _Parts:
+    """The digest of a multipart object's parts (sizes ``sizes``): each part's digest, raw,
+    fed to one more digest of the same kind, whose value gets ``-N``."""
+
+    def __init__(self, make: Callable[[], Digest], sizes: Sequence[int]) -> None:
+        self._make = make
+        self._sizes = sizes
+        self._index = 0
+        self._left = sizes[0]
+        self._part = make()
+        self._of_parts = make()
+
+    def update(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            last = self._index == len(self._sizes) - 1
+            take = len(view) if last else min(len(view), self._left)
+            self._part.update(view[:take])
+            self._left -= take
+            view = view[take:]
+            if self._left <= 0 and not last:
+                self._next_part()
+
+    def _next_part(self) -> None:
+        self._of_parts.update(self._part.raw())  # type: ignore[attr-defined]
+        self._index += 1
+        self._left = self._sizes[self._index]
+        self._part = self._make()
+
+    def finish(self) -> str:
+        while self._index < len(self._sizes) - 1:  # parts never fed (the caller checks sizes)
+            self._next_part()
+        self._of_parts.update(self._part.raw())  # type: ignore[attr-defined]
+        return f"{self._of_parts.finish()}-{len(self._sizes)}"
 
 
 ALGORITHMS = "+"  # joins the algorithms of digests verified together
@@ -137,17 +183,18 @@ def is_supported(algorithm: str) -> bool:
     return _factory(algorithm) is not None
 
 
-def new_digest(algorithm: str, size: int) -> Digest:
-    """A running digest for a ``size``-byte content, fed in order with ``update``."""
+def new_digest(algorithm: str, size: int, parts: Sequence[int] = ()) -> Digest:
+    """A running digest for a ``size``-byte content, fed in order with ``update``; of its
+    ``parts`` (their sizes) when given."""
     factory = _factory(algorithm, size)
     if factory is None:
         raise ValueError(f"unsupported checksum algorithm {algorithm!r}")
-    return factory()
+    return _Parts(factory, parts) if parts else factory()
 
 
-def digest_file(fd: int, size: int, algorithm: str) -> str:
-    """Digest of the first ``size`` bytes of the open file ``fd``."""
-    digest = new_digest(algorithm, size)
+def digest_file(fd: int, size: int, algorithm: str, parts: Sequence[int] = ()) -> str:
+    """Digest of the first ``size`` bytes of the open file ``fd`` (of its ``parts``, if given)."""
+    digest = new_digest(algorithm, size, parts)
     _feed(digest, fd, 0, size)
     return digest.finish()
 
@@ -185,8 +232,8 @@ class SpanDigest:
     transfers.
     """
 
-    def __init__(self, algorithm: str, size: int) -> None:
-        self._digest = new_digest(algorithm, size)
+    def __init__(self, algorithm: str, size: int, parts: Sequence[int] = ()) -> None:
+        self._digest = new_digest(algorithm, size, parts)
         self._size = size
         self._hashed = 0  # bytes [0, _hashed) are digested
         self._ready: dict[int, int] = {}  # finished spans not digested yet: start -> end

@@ -86,7 +86,9 @@ class FileFetcher:
                 if streaming and digest is None and position == 0:
                     expected = job.expected_checksum(self.source)
                     if expected:
-                        digest = checksums.new_digest(expected.algorithm, job.remote.size)
+                        digest = checksums.new_digest(
+                            expected.algorithm, job.remote.size, expected.parts
+                        )
                 spans = None if streaming else job.span_digest(self.source)
                 copy_into = getattr(reader, "copy_into", None)
                 if copy_into is not None and digest is None and spans is None:
@@ -146,10 +148,26 @@ class FileFetcher:
             elif job.spans is not None:
                 actual = job.spans.finish(job.open())
             else:
-                actual = checksums.digest_file(job.open(), job.remote.size, expected.algorithm)
+                actual = self._digest_on_disk(job, expected)
+            if actual != expected.value:
+                for other in self.source.other_checksums(job.remote, expected):
+                    if self._digest_on_disk(job, other) == other.value:
+                        log.info(
+                            "%s: verified by %s (the source's %s did not match)",
+                            job.remote.path,
+                            other,
+                            expected,
+                        )
+                        job.correct_checksum(other)
+                        expected, actual = other, other.value
+                        break
             if actual != expected.value:
                 return self._refetch_after_mismatch(job, str(expected), actual)
         self._queue(job, expected)
+
+    def _digest_on_disk(self, job: FileJob, expected: Checksum) -> str:
+        fd = job.open()
+        return checksums.digest_file(fd, job.remote.size, expected.algorithm, expected.parts)
 
     def commit_streamed(self, job: FileJob) -> bool:
         """Queue a file digested as it streamed when that digest matches (or there is no

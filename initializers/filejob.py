@@ -135,6 +135,10 @@ class FileJob:
             self._expected, self._expected_known = expected, True
         return self._expected
 
+    def correct_checksum(self, expected: Checksum) -> None:
+        """Verify against ``expected`` from now on (the source corrected its part sizes)."""
+        self._expected, self._expected_known = expected, True
+
     def note_headers(self, headers: Mapping[str, str]) -> None:
         """Keep the first response's headers (case-insensitive, as the transport gives them)."""
         if self.headers is None:
@@ -149,7 +153,9 @@ class FileJob:
         with self._lock:
             first = self.spans is None
             if first:
-                self.spans = checksums.SpanDigest(expected.algorithm, self.remote.size)
+                self.spans = checksums.SpanDigest(
+                    expected.algorithm, self.remote.size, expected.parts
+                )
             spans = self.spans
         if first and self.kept:
             fd = self.open()

@@ -77,7 +77,11 @@ async def fetch_whole_files(
             async with source.fetch_whole(job.remote) as response:
                 job.note_headers(response.headers)
                 expected = job.expected_checksum(source)
-                digest = new_digest(expected.algorithm, job.remote.size) if expected else None
+                digest = (
+                    new_digest(expected.algorithm, job.remote.size, expected.parts)
+                    if expected
+                    else None
+                )
                 fd, offset = job.open(), 0
                 async for chunk in response.chunks():
                     if stop.is_set():

@@ -11,7 +11,7 @@ import zlib
 
 import pytest
 
-from initializers.checksum import SpanDigest, digest_file, is_supported
+from initializers.checksum import SpanDigest, digest_file, is_supported, new_digest
 from initializers.fsutil import UnsafePathError, safe_relpath
 from initializers.journal import RangeJournal, holes, merge
 from initializers.patterns import is_selected
@@ -148,6 +148,35 @@ def test_digests_match_what_the_sources_announce(sample):
     assert digest_file(fd, size, "s3-crc32") == crc
     sha = base64.b64encode(hashlib.sha256(data).digest()).decode()
     assert digest_file(fd, size, "s3-sha256") == sha
+
+
+def parts_of(data: bytes, sizes: list[int]) -> list[bytes]:
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return [data[start : start + size] for start, size in zip(starts, sizes, strict=True)]
+
+
+@pytest.mark.parametrize("sizes", [[4096, 4096, 1000], [3000, 5000, 1192], [9192]])
+def test_a_multipart_objects_digest_of_its_parts_is_s3s_etag_and_composite_checksum(sample, sizes):
+    # S3's multipart ETag is the MD5 of the parts' binary MD5s, "-N"; a COMPOSITE checksum the
+    # same of the parts' big-endian CRCs, base64. Computed here from the parts, fed in order,
+    # streamed in chunks across part boundaries, and read back from disk.
+    fd, data = sample
+    data = data[: sum(sizes)]
+    parts = parts_of(data, sizes)
+    etag = hashlib.md5(b"".join(hashlib.md5(p).digest() for p in parts)).hexdigest()
+    crcs = b"".join(zlib.crc32(p).to_bytes(4, "big") for p in parts)
+    composite = base64.b64encode(zlib.crc32(crcs).to_bytes(4, "big")).decode()
+    n = len(sizes)
+    assert digest_file(fd, len(data), "md5", sizes) == f"{etag}-{n}"
+    assert digest_file(fd, len(data), "s3-crc32", sizes) == f"{composite}-{n}"
+    streamed = new_digest("s3-crc32", len(data), sizes)
+    for offset in range(0, len(data), 700):
+        streamed.update(data[offset : offset + 700])
+    assert streamed.finish() == f"{composite}-{n}"
+    spans = SpanDigest("md5", len(data), sizes)
+    for start, end in spans_of(len(data), 4, seed=3):
+        spans.span_done(fd, start, end)
+    assert spans.finish(fd) == f"{etag}-{n}"
 
 
 def spans_of(size, count, seed):

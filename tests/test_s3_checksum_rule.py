@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from initializers.sources.base import Checksum
-from initializers.sources.s3 import full_object_checksum
+from initializers.sources.s3 import full_object_checksum, parts_checksum, parts_count
 
 SINGLE = '"9e107d9d372bb6826bd81d3542a419d6"'
 MULTI = '"5ea0f3b58e1b6e5df1b0bd2d7f4d2f1c-5"'
@@ -62,3 +62,40 @@ def test_a_checksum_the_server_vouches_for_verifies_the_whole_file(said, expecte
 )
 def test_an_ambiguous_or_composite_checksum_is_never_taken_for_the_whole_file(said):
     assert full_object_checksum(said) is None
+
+
+@pytest.mark.parametrize(
+    ("said", "expected"),
+    [
+        # A GET of a boto3 multipart upload (moto, SeaweedFS, S3): the value ends in the
+        # object's "-N".
+        ({"ChecksumCRC32": "q2ZJVw==-5", "ChecksumType": "COMPOSITE"}, ("s3-crc32", "q2ZJVw==-5")),
+        ({"ChecksumCRC32C": "q2ZJVw==-5"}, ("s3-crc32c", "q2ZJVw==-5")),
+        # COMPOSITE said outright without the "-N": the parts' count is the ETag's.
+        ({"ChecksumCRC32": "q2ZJVw==", "ChecksumType": "COMPOSITE"}, ("s3-crc32", "q2ZJVw==-5")),
+    ],
+)
+def test_a_checksum_of_the_parts_is_taken_where_it_surely_is_one(said, expected):
+    assert parts_checksum(said, 5) == expected
+
+
+@pytest.mark.parametrize(
+    "said",
+    [
+        # moto's HEAD: the bare value, no type. It may be of the whole object or of the parts.
+        {"ChecksumCRC32": "q2ZJVw=="},
+        # Another count of parts than the ETag's: not this object's parts.
+        {"ChecksumCRC32": "q2ZJVw==-3", "ChecksumType": "COMPOSITE"},
+        # A checksum of the whole object is not one of the parts (full_object_checksum's).
+        {"ChecksumCRC64NVME": "AAAAAAAAAAA=", "ChecksumType": "FULL_OBJECT"},
+        {},
+    ],
+)
+def test_a_value_that_may_not_be_of_the_parts_is_never_taken_for_one(said):
+    assert parts_checksum(said, 5) is None
+
+
+def test_the_parts_count_is_read_from_a_multipart_etag_only():
+    assert parts_count("5ea0f3b58e1b6e5df1b0bd2d7f4d2f1c-5") == 5
+    assert parts_count("9e107d9d372bb6826bd81d3542a419d6") == 0
+    assert parts_count(None) == 0

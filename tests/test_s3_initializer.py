@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -227,11 +230,30 @@ def test_s3_additional_checksums_are_verified_and_recorded(
         assert recorded.startswith(f"s3-{algorithm.lower()}:"), recorded
 
 
-def test_a_multipart_upload_with_boto3_defaults_is_fetched_not_failed_as_corrupt(
-    bucket, run_initializer, tmp_path
+PLANES = {
+    "static-keys": {},  # the signed REST control plane
+    "role": {  # botocore's, as every run without an endpoint and static keys
+        "ROLE_ARN": "arn:aws:iam::123456789012:role/initializer",
+    },
+}
+
+
+def composite_crc32(data: bytes, part: int) -> str:
+    """S3's COMPOSITE CRC32 of ``data`` uploaded in ``part``-byte parts: the CRC32 of the
+    parts' big-endian CRC32s, base64, then "-N"."""
+    crcs = [zlib.crc32(data[i : i + part]).to_bytes(4, "big") for i in range(0, len(data), part)]
+    return base64.b64encode(zlib.crc32(b"".join(crcs)).to_bytes(4, "big")).decode() + (
+        f"-{len(crcs)}"
+    )
+
+
+@pytest.mark.parametrize("plane", PLANES)
+def test_a_multipart_upload_with_boto3_defaults_is_verified_by_the_checksum_of_its_parts(
+    bucket, run_initializer, tmp_path, plane
 ):
-    """boto3's upload_file of 20 MiB: 3 parts, a COMPOSITE CRC32. moto's HEAD drops the "-3"
-    and the type its GET sends; neither may be taken for a checksum of the whole file."""
+    """boto3's upload_file of 20 MiB: 3 parts of 8 MiB, a COMPOSITE CRC32 (the GET sends
+    "<b64>-3"). One HEAD of part 1 gives the parts' size; the file is verified against that
+    checksum of its parts, which the test computes itself."""
     data = os.urandom(20 << 20)
     source = tmp_path / "upload.bin"
     source.write_bytes(data)
@@ -239,10 +261,71 @@ def test_a_multipart_upload_with_boto3_defaults_is_fetched_not_failed_as_corrupt
     head = bucket.client.head_object(Bucket=bucket.name, Key="m/model.safetensors")
     assert head["ETag"].endswith('-3"'), head["ETag"]  # it really is multipart
     out = tmp_path / "out"
+    env = bucket.env("m", OUTPUT_PATH=str(out), **PLANES[plane])
+    if plane == "role":
+        env["AWS_ENDPOINT_URL_STS"] = bucket.endpoint
+    result = run_initializer("model", env=env)
+    assert result.code == 0, result.output
+    assert (out / "model.safetensors").read_bytes() == data
+    recorded = manifest(out)["files"]["model.safetensors"]["checksum"]
+    assert recorded == f"s3-crc32:{composite_crc32(data, 8 << 20)}"
+
+
+def test_a_multipart_upload_fetched_in_ranges_is_verified_by_its_etag_if_the_head_hides_the_parts(
+    bucket, run_initializer, tmp_path
+):
+    """60 MiB in 8 MiB parts, fetched in two ranges: the checksum comes from a HEAD, and moto's
+    HEAD drops the composite's "-8" and type (ambiguous: never taken). The ETag, the MD5 of the
+    parts' MD5s, verifies the file instead."""
+    data = os.urandom(60 << 20)
+    source = tmp_path / "upload.bin"
+    source.write_bytes(data)
+    bucket.client.upload_file(str(source), bucket.name, "m/model.safetensors")
+    parts = [data[i : i + (8 << 20)] for i in range(0, len(data), 8 << 20)]
+    etag = hashlib.md5(b"".join(hashlib.md5(p).digest() for p in parts)).hexdigest()
+    out = tmp_path / "out"
     result = run_initializer("model", env=bucket.env("m", OUTPUT_PATH=str(out)))
     assert result.code == 0, result.output
     assert (out / "model.safetensors").read_bytes() == data
-    assert manifest(out)["files"]["model.safetensors"]["checksum"] is None  # size, not a guess
+    assert manifest(out)["files"]["model.safetensors"]["checksum"] == f"md5:{etag}-8"
+
+
+def test_parts_of_different_sizes_are_verified_over_their_actual_sizes_without_a_refetch(
+    bucket, run_initializer, tmp_path
+):
+    """Parts of 5 MiB, 6 MiB and 1 KiB: the size inferred from part 1 is wrong for part 2.
+    The mismatch this gives is not taken for corruption: each part's size is asked, the file
+    verified over them, and nothing is fetched twice."""
+    data = os.urandom((11 << 20) + 1024)
+    key = "m/model.safetensors"
+    s3 = bucket.client
+    upload = s3.create_multipart_upload(Bucket=bucket.name, Key=key, ChecksumAlgorithm="CRC32")
+    cuts = [(0, 5 << 20), (5 << 20, 11 << 20), (11 << 20, len(data))]
+    parts = []
+    for number, (start, end) in enumerate(cuts, 1):
+        sent = s3.upload_part(
+            Bucket=bucket.name,
+            Key=key,
+            UploadId=upload["UploadId"],
+            PartNumber=number,
+            Body=data[start:end],
+            ChecksumAlgorithm="CRC32",
+        )
+        parts.append(
+            {"PartNumber": number, "ETag": sent["ETag"], "ChecksumCRC32": sent["ChecksumCRC32"]}
+        )
+    s3.complete_multipart_upload(
+        Bucket=bucket.name, Key=key, UploadId=upload["UploadId"], MultipartUpload={"Parts": parts}
+    )
+    crcs = b"".join(zlib.crc32(data[a:z]).to_bytes(4, "big") for a, z in cuts)
+    composite = base64.b64encode(zlib.crc32(crcs).to_bytes(4, "big")).decode()
+    out = tmp_path / "out"
+    result = run_initializer("model", env=bucket.env("m", OUTPUT_PATH=str(out)))
+    assert result.code == 0, result.output
+    assert (out / "model.safetensors").read_bytes() == data
+    assert manifest(out)["files"]["model.safetensors"]["checksum"] == f"s3-crc32:{composite}-3"
+    assert "parts differ in size" in result.stderr
+    assert "fetching it again" not in result.stderr
 
 
 def test_missing_bucket_exits_4_with_a_clear_reason(bucket, run_initializer, tmp_path):

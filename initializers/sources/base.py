@@ -8,7 +8,7 @@ retries, verification, commit and the manifest are the engine's.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Self
@@ -22,10 +22,12 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Checksum:
-    """An expected digest: ``algorithm`` is a :mod:`initializers.checksum` name."""
+    """An expected digest: ``algorithm`` is a :mod:`initializers.checksum` name; ``parts``, the
+    sizes of a multipart object's parts where the value is a digest of its parts (``...-N``)."""
 
     algorithm: str
     value: str
+    parts: tuple[int, ...] = field(default=(), repr=False)
 
     def __str__(self) -> str:
         return f"{self.algorithm}:{self.value}"
@@ -91,6 +93,13 @@ class Source(ABC):
     def checksum_for(self, file: RemoteFile, headers: Mapping[str, str]) -> Checksum | None:
         """The digest to verify, given the response headers (a source may withdraw it)."""
         return file.checksum
+
+    def other_checksums(self, file: RemoteFile, expected: Checksum) -> Iterator[Checksum]:
+        """After ``expected`` did not match the bytes: other digests of the same object that
+        may, where the first can be wrong for a reason other than the bytes (S3: part sizes
+        inferred, a server's checksum of the parts computed its own way). None by default:
+        the mismatch stands."""
+        return iter(())
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release pooled connections."""

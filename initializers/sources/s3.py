@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Protocol, Self
 from urllib.parse import quote, urlsplit
 
@@ -39,6 +40,7 @@ _MD5_ETAG = re.compile(r"^[0-9a-f]{32}$")
 # "-N" ends what was computed over an upload's N parts: a multipart ETag ("<md5 of the parts'
 # md5s>-N") and a composite checksum ("<base64 of the parts' checksums>-N").
 _PARTS_SUFFIX = re.compile(r"-\d+$")
+_MD5_PARTS = re.compile(r"^[0-9a-f]{32}-\d+$")
 # S3 "additional checksums", in order of preference (full-object CRCs are cheapest to verify).
 _ADDITIONAL = (
     ("CRC64NVME", "s3-crc64nvme"),
@@ -58,6 +60,7 @@ class ControlPlane(Protocol):
 
     def list_objects(self, folder: str) -> list[dict[str, Any]]: ...
     def head_object(self, key: str) -> dict[str, Any] | None: ...
+    def head_part(self, key: str, number: int) -> dict[str, Any] | None: ...
     def close(self) -> None: ...
 
 
@@ -98,7 +101,6 @@ class S3Source(Source):
             self._origin, headers={}, timeout=settings.timeout, roots=read_roots(settings.ca_bundle)
         )
         self._with_additional: set[str] = set()  # keys listed with an additional checksum
-        self._listed_composite: set[str] = set()  # keys listed with a checksum of their parts
 
     @classmethod
     def from_settings(cls, location: str, settings: Settings) -> Self:
@@ -133,14 +135,8 @@ class S3Source(Source):
 
     def _list_objects(self, folder: str) -> list[Entry]:
         objects = self._plane.list_objects(folder)
-        # Listings name a checksum's algorithm, not its value: a HEAD may find the value later,
-        # unless the listing already says it is a composite of the parts (which verifies nothing).
-        self._listed_composite = {o["Key"] for o in objects if o.get("ChecksumType") == "COMPOSITE"}
-        self._with_additional = {
-            o["Key"]
-            for o in objects
-            if o.get("ChecksumAlgorithm") and o["Key"] not in self._listed_composite
-        }
+        # Listings name a checksum's algorithm, not its value: a HEAD may find the value later.
+        self._with_additional = {o["Key"] for o in objects if o.get("ChecksumAlgorithm")}
         return [Entry(o["Key"], int(o.get("Size", 0)), o) for o in objects]
 
     def _head_entry(self, key: str) -> Entry | None:
@@ -200,30 +196,81 @@ class S3Source(Source):
         return {**signed, "If-Match": f'"{version}"'} if version else signed
 
     def checksum_for(self, file: RemoteFile, headers: Mapping[str, str]) -> Checksum | None:
-        """Prefer the object's additional checksum (from the GET, else one HEAD), then the
-        ETag's MD5 — except with SSE-KMS or SSE-C, where the ETag is not the content's MD5."""
+        """The strongest digest sure to describe the object: an additional checksum of the
+        whole object (from the GET, else one HEAD); for a multipart object, one of its parts
+        (a COMPOSITE checksum, else the ETag's MD5 of the parts' MD5s); for a single-part one,
+        the ETag's MD5. No ETag counts with SSE-KMS or SSE-C: it is not the content's MD5."""
         # Only a whole-object response's checksum headers describe the object: what a server
         # attaches to a ranged one (rclone: the object's; others: perhaps the range's) is unsure.
         ranged = bool(headers.get("Content-Range"))
-        found = None if ranged else full_object_checksum(_checksum_headers(headers))
+        answer: Mapping[str, Any] = {} if ranged else _checksum_headers(headers)
+        count = parts_count(file.version)
+        found = full_object_checksum(answer)
         # One HEAD per file fetched in ranges (large files: its cost is nothing beside theirs),
-        # or listed with an algorithm; never for what the listing called a composite.
+        # or listed with an algorithm the GET did not answer with.
         if (
             found is None
-            and file.locator not in self._listed_composite
+            and not (count and parts_checksum(answer, count))
             and (ranged or file.locator in self._with_additional)
         ):
-            head = self._head_object(file.locator)
-            found = full_object_checksum(head) if head else None
+            answer = self._head_object(file.locator) or {}
+            found = full_object_checksum(answer)
         if found is not None:
             return found
         sse = headers.get("x-amz-server-side-encryption", "")
-        if (
+        encrypted = (
             sse.startswith("aws:kms")
             or "x-amz-server-side-encryption-customer-algorithm" in headers
-        ):
+        )
+        if not count:
+            return None if encrypted else file.checksum
+        digest = parts_checksum(answer, count)
+        if digest is None and (encrypted or not _MD5_PARTS.match(file.version or "")):
             return None
-        return file.checksum
+        sizes = self._part_sizes(file, count)
+        if sizes is None:
+            return None
+        algorithm, value = digest or ("md5", str(file.version))
+        return Checksum(algorithm, value, sizes)
+
+    def _part_sizes(self, file: RemoteFile, count: int) -> tuple[int, ...] | None:
+        """The sizes of the ``count`` parts of ``file``, from one HEAD of its first: each as
+        large as the first but the last, as every SDK's and CLI's multipart upload makes them
+        (:meth:`other_checksums` corrects the rare other kind). None where the server tells none."""
+        first = self.retry.call(lambda: self._plane.head_part(file.locator, 1), file.locator)
+        size = int(first.get("ContentLength") or 0) if first else 0
+        if not first or first.get("PartsCount") != count:
+            return None
+        if not (count - 1) * size < file.size <= count * size:
+            return None
+        return (size,) * (count - 1) + (file.size - (count - 1) * size,)
+
+    def other_checksums(self, file: RemoteFile, expected: Checksum) -> Iterator[Checksum]:
+        """After a digest of the parts did not match: the same over the parts' actual sizes,
+        where they are not the ones :meth:`_part_sizes` inferred (one HEAD a part, only now);
+        then the ETag's MD5 of the parts, which a server computes the same way where its
+        checksum of the parts may not (moto's CRC32C of the parts, without the crc32c package,
+        is a CRC32). No guess can pass corrupt bytes: each is S3's own digest of them."""
+        if not expected.parts:
+            return
+        sizes = self._actual_sizes(file, expected.parts)
+        if sizes is None:
+            return
+        if sizes != expected.parts:
+            log.info("%s: its parts differ in size; verifying over their actual sizes", file.path)
+            yield replace(expected, parts=sizes)
+        if expected.algorithm != "md5" and _MD5_PARTS.match(file.version or ""):
+            yield Checksum("md5", str(file.version), sizes)
+
+    def _actual_sizes(self, file: RemoteFile, inferred: tuple[int, ...]) -> tuple[int, ...] | None:
+        sizes = list(inferred[:1])
+        for number in range(2, len(inferred) + 1):
+            head = partial(self._plane.head_part, file.locator, number)
+            part = self.retry.call(head, file.locator)
+            if not part:
+                return None
+            sizes.append(int(part.get("ContentLength") or 0))
+        return tuple(sizes) if sum(sizes) == file.size else None
 
     def close(self) -> None:
         self._native.close()
@@ -265,4 +312,29 @@ def full_object_checksum(obj: Mapping[str, Any]) -> Checksum | None:
         value = str(obj.get(f"Checksum{field}") or "")
         if value and not _PARTS_SUFFIX.search(value) and checksums.is_supported(algorithm):
             return Checksum(algorithm, value)
+    return None
+
+
+def parts_count(etag: str | None) -> int:
+    """N, for a multipart object's ETag (``...-N``); 0 for any other."""
+    suffix = _PARTS_SUFFIX.search(etag or "")
+    return int(suffix.group()[1:]) if suffix else 0
+
+
+def parts_checksum(obj: Mapping[str, Any], count: int) -> tuple[str, str] | None:
+    """The preferred additional checksum of ``obj``'s ``count`` parts (a COMPOSITE one) as
+    (algorithm, value ending in ``-N``), or None: a value counts when it ends in this object's
+    ``-N``, or when the server says ``COMPOSITE`` (its ``-N`` then added)."""
+    kind = str(obj.get("ChecksumType") or "").upper()
+    if kind == "FULL_OBJECT":
+        return None
+    for field, algorithm in _ADDITIONAL:
+        value = str(obj.get(f"Checksum{field}") or "")
+        if not value or not checksums.is_supported(algorithm):
+            continue
+        suffix = _PARTS_SUFFIX.search(value)
+        if suffix and suffix.group() == f"-{count}":
+            return algorithm, value
+        if not suffix and kind == "COMPOSITE":
+            return algorithm, f"{value}-{count}"
     return None

@@ -61,6 +61,16 @@ class BotocorePlane:
         except NotFoundError:
             return None
 
+    def head_part(self, key: str, number: int) -> dict[str, Any] | None:
+        """HeadObject of part ``number``: the part's ContentLength and the object's PartsCount,
+        or None where the server knows no such object or part."""
+        try:
+            return self._call(
+                lambda: self._client.head_object(Bucket=self.bucket, Key=key, PartNumber=number)
+            )
+        except (NotFoundError, UsageError):
+            return None
+
     def close(self) -> None:
         self._client.close()  # botocore opens a new pool if the client is used again
 

@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import quote, unquote_plus, urlencode, urlsplit
 
 from initializers.config import Settings
-from initializers.errors import TransientError
+from initializers.errors import NotFoundError, TransientError, UsageError
 from initializers.retry import RetryPolicy
 from initializers.sources.s3errors import host_header, s3_error
 from initializers.sources.s3sign import S3HeaderSigner
@@ -116,6 +116,23 @@ class RestPlane:
             if headers.get(header):
                 found[field] = headers[header]
         return found
+
+    def head_part(self, key: str, number: int) -> dict[str, Any] | None:
+        """HeadObject of part ``number`` (``?partNumber=``): the part's ContentLength and the
+        object's PartsCount, or None where the server knows no such object or part."""
+        status, headers, _ = self._request(
+            "HEAD", self._path + quote(key, safe="/~"), f"partNumber={number}"
+        )
+        if status not in (200, 206):
+            failure = s3_error(str(status), status, headers, self.where, self.bucket)
+            if isinstance(failure, NotFoundError | UsageError):
+                return None
+            raise failure
+        count = headers.get("x-amz-mp-parts-count", "")
+        return {
+            "ContentLength": int(headers.get("content-length", 0)),
+            "PartsCount": int(count) if count.isdigit() else None,
+        }
 
     def close(self) -> None:
         """The transport is the source's; nothing of its own to release."""

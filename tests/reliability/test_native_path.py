@@ -232,7 +232,8 @@ def test_the_native_path_trusts_the_ca_bundle_it_is_given_and_steps_aside_when_r
         # the native path is not tried again in this run.
         other = tmp_path / "other-ca.pem"
         ca_signed(other, tmp_path / "other-cert.pem", tmp_path / "other-key.pem")
-        refused = native.NativeHttp(base, headers={}, timeout=10, roots=native.read_roots(str(other)))
+        roots = native.read_roots(str(other))
+        refused = native.NativeHttp(base, headers={}, timeout=10, roots=roots)
         with pytest.raises(native.NativeRefused):
             refused.open_range("f.bin", 0, len(body), "f.bin", True)
         assert refused.refused

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ACCESS_KEY, SECRET_KEY, Bucket, clean_env, tree
+from tests.servers.faultproxy import FaultProxy
 
 MODEL = {
     "llama/config.json": b'{"hidden_size": 8}',
@@ -288,6 +289,48 @@ def test_a_multipart_upload_fetched_in_ranges_is_verified_by_its_etag_if_the_hea
     assert result.code == 0, result.output
     assert (out / "model.safetensors").read_bytes() == data
     assert manifest(out)["files"]["model.safetensors"]["checksum"] == f"md5:{etag}-8"
+
+
+def test_a_small_object_uploaded_as_one_part_is_verified_by_its_parts_on_the_native_path(
+    bucket, run_initializer, tmp_path
+):
+    """A multipart upload of one 100 KiB part (ETag "...-1"): small enough for the native loop,
+    where its one part is the whole object, so no HEAD is needed to know its size."""
+    data = os.urandom(100 << 10)
+    key = "d/one-part.bin"
+    s3 = bucket.client
+    upload = s3.create_multipart_upload(Bucket=bucket.name, Key=key, ChecksumAlgorithm="CRC32")
+    sent = s3.upload_part(
+        Bucket=bucket.name,
+        Key=key,
+        UploadId=upload["UploadId"],
+        PartNumber=1,
+        Body=data,
+        ChecksumAlgorithm="CRC32",
+    )
+    s3.complete_multipart_upload(
+        Bucket=bucket.name,
+        Key=key,
+        UploadId=upload["UploadId"],
+        MultipartUpload={
+            "Parts": [
+                {"PartNumber": 1, "ETag": sent["ETag"], "ChecksumCRC32": sent["ChecksumCRC32"]}
+            ]
+        },
+    )
+    out = tmp_path / "out"
+    proxy = FaultProxy(bucket.endpoint).start()  # to see every request the run makes
+    try:
+        env = bucket.env("d", OUTPUT_PATH=str(out), ENDPOINT=proxy.url)
+        result = run_initializer("dataset", env=env)
+    finally:
+        proxy.stop()
+    assert result.code == 0, result.output
+    assert (out / "one-part.bin").read_bytes() == data
+    assert manifest(out)["files"]["one-part.bin"]["checksum"] == (
+        f"s3-crc32:{composite_crc32(data, len(data))}"
+    )
+    assert not [request for request in proxy.seen if request.startswith("HEAD ")], proxy.seen
 
 
 def test_parts_of_different_sizes_are_verified_over_their_actual_sizes_without_a_refetch(

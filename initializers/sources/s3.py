@@ -236,7 +236,11 @@ class S3Source(Source):
     def _part_sizes(self, file: RemoteFile, count: int) -> tuple[int, ...] | None:
         """The sizes of the ``count`` parts of ``file``, from one HEAD of its first: each as
         large as the first but the last, as every SDK's and CLI's multipart upload makes them
-        (:meth:`other_checksums` corrects the rare other kind). None where the server tells none."""
+        (:meth:`other_checksums` corrects the rare other kind). None where the server tells none.
+        One part is the whole object, and asks nothing: the only multipart kind small enough for
+        the native loop, which a HEAD would block."""
+        if count == 1:
+            return (file.size,)
         first = self.retry.call(lambda: self._plane.head_part(file.locator, 1), file.locator)
         size = int(first.get("ContentLength") or 0) if first else 0
         if not first or first.get("PartsCount") != count:

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import boto3
 import pytest
@@ -50,6 +51,29 @@ class Bucket:
 
     def put(self, key: str, body: bytes, **extra: object) -> None:
         self.client.put_object(Bucket=self.name, Key=key, Body=body, **extra)  # type: ignore[attr-defined]
+
+    def put_parts(self, key: str, parts: list[bytes]) -> None:
+        """A multipart upload of exactly these ``parts``, each with its CRC32 (a COMPOSITE
+        object), whatever their sizes: what ``upload_file`` never makes."""
+        s3: Any = self.client
+        upload = s3.create_multipart_upload(Bucket=self.name, Key=key, ChecksumAlgorithm="CRC32")
+        done = []
+        for number, body in enumerate(parts, 1):
+            sent = s3.upload_part(
+                Bucket=self.name,
+                Key=key,
+                UploadId=upload["UploadId"],
+                PartNumber=number,
+                Body=body,
+                ChecksumAlgorithm="CRC32",
+            )
+            entry = {"PartNumber": number, "ETag": sent["ETag"]}
+            if sent.get("ChecksumCRC32"):  # rclone returns none
+                entry["ChecksumCRC32"] = sent["ChecksumCRC32"]
+            done.append(entry)
+        s3.complete_multipart_upload(
+            Bucket=self.name, Key=key, UploadId=upload["UploadId"], MultipartUpload={"Parts": done}
+        )
 
     def uri(self, prefix: str) -> str:
         return f"s3://{self.name}/{prefix}"

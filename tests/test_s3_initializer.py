@@ -297,27 +297,7 @@ def test_a_small_object_uploaded_as_one_part_is_verified_by_its_parts_on_the_nat
     """A multipart upload of one 100 KiB part (ETag "...-1"): small enough for the native loop,
     where its one part is the whole object, so no HEAD is needed to know its size."""
     data = os.urandom(100 << 10)
-    key = "d/one-part.bin"
-    s3 = bucket.client
-    upload = s3.create_multipart_upload(Bucket=bucket.name, Key=key, ChecksumAlgorithm="CRC32")
-    sent = s3.upload_part(
-        Bucket=bucket.name,
-        Key=key,
-        UploadId=upload["UploadId"],
-        PartNumber=1,
-        Body=data,
-        ChecksumAlgorithm="CRC32",
-    )
-    s3.complete_multipart_upload(
-        Bucket=bucket.name,
-        Key=key,
-        UploadId=upload["UploadId"],
-        MultipartUpload={
-            "Parts": [
-                {"PartNumber": 1, "ETag": sent["ETag"], "ChecksumCRC32": sent["ChecksumCRC32"]}
-            ]
-        },
-    )
+    bucket.put_parts("d/one-part.bin", [data])
     out = tmp_path / "out"
     proxy = FaultProxy(bucket.endpoint).start()  # to see every request the run makes
     try:
@@ -340,26 +320,8 @@ def test_parts_of_different_sizes_are_verified_over_their_actual_sizes_without_a
     The mismatch this gives is not taken for corruption: each part's size is asked, the file
     verified over them, and nothing is fetched twice."""
     data = os.urandom((11 << 20) + 1024)
-    key = "m/model.safetensors"
-    s3 = bucket.client
-    upload = s3.create_multipart_upload(Bucket=bucket.name, Key=key, ChecksumAlgorithm="CRC32")
     cuts = [(0, 5 << 20), (5 << 20, 11 << 20), (11 << 20, len(data))]
-    parts = []
-    for number, (start, end) in enumerate(cuts, 1):
-        sent = s3.upload_part(
-            Bucket=bucket.name,
-            Key=key,
-            UploadId=upload["UploadId"],
-            PartNumber=number,
-            Body=data[start:end],
-            ChecksumAlgorithm="CRC32",
-        )
-        parts.append(
-            {"PartNumber": number, "ETag": sent["ETag"], "ChecksumCRC32": sent["ChecksumCRC32"]}
-        )
-    s3.complete_multipart_upload(
-        Bucket=bucket.name, Key=key, UploadId=upload["UploadId"], MultipartUpload={"Parts": parts}
-    )
+    bucket.put_parts("m/model.safetensors", [data[start:end] for start, end in cuts])
     crcs = b"".join(zlib.crc32(data[a:z]).to_bytes(4, "big") for a, z in cuts)
     composite = base64.b64encode(zlib.crc32(crcs).to_bytes(4, "big")).decode()
     out = tmp_path / "out"

@@ -106,25 +106,9 @@ def upload_full_object_crc64nvme(bucket: Bucket, key: str, body: bytes, part: in
 def uneven_parts(bucket: Bucket, prefix: str) -> Files:
     """A multipart upload whose parts are not all one size (5 MiB, 6 MiB, 1 KiB), with a CRC32
     each: what a streaming writer that sends whatever it has buffered may leave."""
-    body, key, s3 = os.urandom(11 * MIB + 1024), f"{prefix}/weights.safetensors", bucket.client
-    upload = s3.create_multipart_upload(Bucket=bucket.name, Key=key, ChecksumAlgorithm="CRC32")  # type: ignore[attr-defined]
-    parts = []
-    for number, (start, end) in enumerate([(0, 5 * MIB), (5 * MIB, 11 * MIB), (11 * MIB, None)], 1):
-        sent = s3.upload_part(  # type: ignore[attr-defined]
-            Bucket=bucket.name,
-            Key=key,
-            UploadId=upload["UploadId"],
-            PartNumber=number,
-            Body=body[start:end],
-            ChecksumAlgorithm="CRC32",
-        )
-        entry = {"PartNumber": number, "ETag": sent["ETag"]}
-        if sent.get("ChecksumCRC32"):  # rclone returns none
-            entry["ChecksumCRC32"] = sent["ChecksumCRC32"]
-        parts.append(entry)
-    s3.complete_multipart_upload(  # type: ignore[attr-defined]
-        Bucket=bucket.name, Key=key, UploadId=upload["UploadId"], MultipartUpload={"Parts": parts}
-    )
+    body = os.urandom(11 * MIB + 1024)
+    parts = [body[: 5 * MIB], body[5 * MIB : 11 * MIB], body[11 * MIB :]]
+    bucket.put_parts(f"{prefix}/weights.safetensors", parts)
     return {"weights.safetensors": body}
 
 

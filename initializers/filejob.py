@@ -136,7 +136,8 @@ class FileJob:
         return self._expected
 
     def correct_checksum(self, expected: Checksum) -> None:
-        """Verify against ``expected`` from now on (the source corrected its part sizes)."""
+        """Verify against ``expected`` from now on: another digest of the same object, which the
+        source offered after the first did not match (``Source.other_checksums``)."""
         self._expected, self._expected_known = expected, True
 
     def note_headers(self, headers: Mapping[str, str]) -> None:

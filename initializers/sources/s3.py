@@ -206,15 +206,13 @@ class S3Source(Source):
         answer: Mapping[str, Any] = {} if ranged else _checksum_headers(headers)
         count = parts_count(file.version)
         found = full_object_checksum(answer)
+        digest = parts_checksum(answer, count) if count else None
         # One HEAD per file fetched in ranges (large files: its cost is nothing beside theirs),
         # or listed with an algorithm the GET did not answer with.
-        if (
-            found is None
-            and not (count and parts_checksum(answer, count))
-            and (ranged or file.locator in self._with_additional)
-        ):
+        if found is None and digest is None and (ranged or file.locator in self._with_additional):
             answer = self._head_object(file.locator) or {}
             found = full_object_checksum(answer)
+            digest = parts_checksum(answer, count) if count else None
         if found is not None:
             return found
         sse = headers.get("x-amz-server-side-encryption", "")
@@ -224,7 +222,6 @@ class S3Source(Source):
         )
         if not count:
             return None if encrypted else file.checksum
-        digest = parts_checksum(answer, count)
         if digest is None and (encrypted or not _MD5_PARTS.match(file.version or "")):
             return None
         sizes = self._part_sizes(file, count)
@@ -241,13 +238,16 @@ class S3Source(Source):
         the native loop, which a HEAD would block."""
         if count == 1:
             return (file.size,)
-        first = self.retry.call(lambda: self._plane.head_part(file.locator, 1), file.locator)
+        first = self._head_part(file, 1)
         size = int(first.get("ContentLength") or 0) if first else 0
         if not first or first.get("PartsCount") != count:
             return None
         if not (count - 1) * size < file.size <= count * size:
             return None
         return (size,) * (count - 1) + (file.size - (count - 1) * size,)
+
+    def _head_part(self, file: RemoteFile, number: int) -> dict[str, Any] | None:
+        return self.retry.call(partial(self._plane.head_part, file.locator, number), file.locator)
 
     def other_checksums(self, file: RemoteFile, expected: Checksum) -> Iterator[Checksum]:
         """After a digest of the parts did not match: the same over the parts' actual sizes,
@@ -269,8 +269,7 @@ class S3Source(Source):
     def _actual_sizes(self, file: RemoteFile, inferred: tuple[int, ...]) -> tuple[int, ...] | None:
         sizes = list(inferred[:1])
         for number in range(2, len(inferred) + 1):
-            head = partial(self._plane.head_part, file.locator, number)
-            part = self.retry.call(head, file.locator)
+            part = self._head_part(file, number)
             if not part:
                 return None
             sizes.append(int(part.get("ContentLength") or 0))

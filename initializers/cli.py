@@ -42,6 +42,7 @@ from initializers.errors import (
     NotFoundError,
     UsageError,
 )
+from initializers.heap import collection_paused
 from initializers.interrupts import interrupt_reads
 from initializers.logs import RedactSecrets, configure
 from initializers.retry import RetryPolicy
@@ -104,7 +105,8 @@ def _fetch(settings: Settings, stop: _StopOnSignal) -> None:
     source = open_source(settings)
     try:
         log.info("%s: listing %s", settings.kind, source.describe())
-        listing = source.list()
+        with collection_paused():  # the listing lives until the run ends
+            listing = source.list()
         for name, why in listing.skipped:
             log.warning("skipped %r: the name %s", name, why)
         if not listing.files and listing.skipped:
@@ -133,7 +135,8 @@ def _fetch(settings: Settings, stop: _StopOnSignal) -> None:
             raise UsageError(
                 f"{source.describe()} is one archive, which one pod unpacks: drop SHARDS"
             )
-        chosen: list[RemoteFile] = [] if archive else choose(listing.files)
+        with collection_paused():
+            chosen: list[RemoteFile] = [] if archive else choose(listing.files)
         spec = ShardSpec(settings.shards, settings.shard_index, settings.shard_run)
 
         recorded = _recorded_uri(settings.storage_uri)

@@ -76,7 +76,13 @@ class FileJob:
     def plan(self) -> None:
         """Work out which ranges remain, keeping bytes an interrupted run left (opens nothing:
         a dataset of many files must not hold a descriptor per file)."""
-        self._resume = self.resumable and self._part_size() == self.remote.size
+        if not self.resumable:  # the whole file, again (no journal to read: most files)
+            size = self.remote.size
+            self._resume, self.kept, self.spans, self.present = False, [], None, 0
+            self.ranges = [(0, size)] if size else []
+            self._pending = len(self.ranges)
+            return
+        self._resume = self._part_size() == self.remote.size
         done = self.journal.load() if self._resume else []
         self._resume = bool(done)
         missing = holes(done, self.remote.size)

@@ -17,6 +17,8 @@ PART_SUFFIX = ".part"
 JOURNAL_SUFFIX = ".part.journal"
 # Longest single path component Linux filesystems accept, in bytes.
 NAME_MAX = 255
+_LONGEST = NAME_MAX - len(JOURNAL_SUFFIX) - 1  # a component, with room for ".NAME.part.journal"
+_NAMELESS = frozenset(("", ".", ".."))
 
 
 # Unicode's control characters (category Cc) are exactly these 65 code points; one search, not
@@ -44,12 +46,12 @@ def safe_relpath(name: str) -> str:
     if name.startswith("/"):
         raise UnsafePathError("is absolute")
     parts = name.split("/")
-    if any(part in ("", ".", "..") for part in parts):
+    if not _NAMELESS.isdisjoint(parts):
         raise UnsafePathError("has '.', '..' or empty components")
-    longest = NAME_MAX - len(JOURNAL_SUFFIX) - 1  # room for ".NAME.part.journal"
-    if any(len(part.encode()) > longest for part in parts):
+    # A component can only be too long in a name that is (once per listed key: cheap first).
+    if len(name.encode()) > _LONGEST and any(len(part.encode()) > _LONGEST for part in parts):
         raise UnsafePathError(
-            f"has a component longer than {longest} bytes (the filesystem "
+            f"has a component longer than {_LONGEST} bytes (the filesystem "
             f"allows {NAME_MAX}, less room for the temporary name)"
         )
     last = parts[-1]

@@ -54,9 +54,12 @@ def select(
 
 def _drop_file_folder_conflicts(files: list[RemoteFile]) -> tuple[list[RemoteFile], list[str]]:
     """A key that is also a folder prefix (``a`` and ``a/b``) cannot be a file on disk."""
-    folders = {
-        "/".join(f.path.split("/")[:i]) for f in files for i in range(1, f.path.count("/") + 1)
-    }
+    folders: set[str] = set()
+    for file in files:
+        folder = file.path.rpartition("/")[0]
+        while folder and folder not in folders:  # its ancestors are in already, if it is
+            folders.add(folder)
+            folder = folder.rpartition("/")[0]
     kept = [f for f in files if f.path not in folders]
     conflicts = [f.path for f in files if f.path in folders]
     return kept, conflicts

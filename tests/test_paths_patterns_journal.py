@@ -28,6 +28,8 @@ from initializers.sources.base import RemoteFile
         "with space.txt",
         ".hidden/config",
         "nb\xa0sp",
+        "d/" + "n" * 241,
+        "d/" + "名" * 80,  # 240 bytes
     ],
 )
 def test_ordinary_names_are_kept_as_relative_paths(name):
@@ -48,6 +50,7 @@ def test_ordinary_names_are_kept_as_relative_paths(name):
         ("a//b", "empty components"),
         ("./a", "'.'"),
         ("d/" + "n" * 300, "longer than 241 bytes"),
+        ("d/" + "名" * 81, "longer than 241 bytes"),  # 81 characters, 243 bytes
         ("folder/", "names a folder"),
         (".initializer-manifest.json", "bookkeeping"),
         ("x/.model.safetensors.part", "bookkeeping"),
@@ -75,6 +78,14 @@ def test_a_key_that_is_also_a_folder_is_skipped_as_a_conflict():
     chosen = select([remote("a"), remote("a/b"), remote("c")], (), ())
     assert [f.path for f in chosen.files] == ["a/b", "c"]
     assert chosen.conflicts == ["a"]
+
+
+def test_a_key_that_is_a_folder_at_any_depth_is_a_conflict_whatever_the_listing_order():
+    paths = ["a/b/c/d", "a/b", "a/b/c/e", "a/x", "x", "a/b/c", "y/z"]
+    for order in (paths, paths[::-1], sorted(paths)):
+        chosen = select([remote(p) for p in order], (), ())
+        assert sorted(chosen.conflicts) == ["a/b", "a/b/c"]
+        assert sorted(f.path for f in chosen.files) == ["a/b/c/d", "a/b/c/e", "a/x", "x", "y/z"]
 
 
 def test_model_weight_fallback_only_replaces_default_patterns():

@@ -49,6 +49,7 @@ _ADDITIONAL = (
     ("SHA256", "s3-sha256"),
     ("SHA1", "s3-sha1"),
 )
+_VALUE_KEYS = tuple((f"Checksum{field}", algorithm) for field, algorithm in _ADDITIONAL)
 
 
 class ControlPlane(Protocol):
@@ -304,6 +305,9 @@ def full_object_checksum(obj: Mapping[str, Any]) -> Checksum | None:
     says ``FULL_OBJECT``, or when the object is single-part (an ETag without ``-N``) and the value
     has no ``-N`` either. Anything ambiguous falls back to what can be verified for sure.
     """
+    offered = [(algorithm, str(obj[key])) for key, algorithm in _VALUE_KEYS if obj.get(key)]
+    if not offered:
+        return None  # a listing's entries name algorithms, not values: the common case
     kind = str(obj.get("ChecksumType") or "").upper()
     if kind == "COMPOSITE":
         return None
@@ -311,9 +315,8 @@ def full_object_checksum(obj: Mapping[str, Any]) -> Checksum | None:
     single_part = bool(etag) and not _PARTS_SUFFIX.search(etag)
     if kind != "FULL_OBJECT" and not single_part:
         return None
-    for field, algorithm in _ADDITIONAL:
-        value = str(obj.get(f"Checksum{field}") or "")
-        if value and not _PARTS_SUFFIX.search(value) and checksums.is_supported(algorithm):
+    for algorithm, value in offered:
+        if not _PARTS_SUFFIX.search(value) and checksums.is_supported(algorithm):
             return Checksum(algorithm, value)
     return None
 
@@ -331,8 +334,8 @@ def parts_checksum(obj: Mapping[str, Any], count: int) -> tuple[str, str] | None
     kind = str(obj.get("ChecksumType") or "").upper()
     if kind == "FULL_OBJECT":
         return None
-    for field, algorithm in _ADDITIONAL:
-        value = str(obj.get(f"Checksum{field}") or "")
+    for key, algorithm in _VALUE_KEYS:
+        value = str(obj.get(key) or "")
         if not value or not checksums.is_supported(algorithm):
             continue
         suffix = _PARTS_SUFFIX.search(value)

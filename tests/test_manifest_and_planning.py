@@ -1,0 +1,74 @@
+"""The manifest's form and the planning of a large listing."""
+
+from __future__ import annotations
+
+import gc
+import json
+
+import pytest
+
+from initializers.engine import Engine
+from initializers.heap import collection_paused
+from initializers.manifest import FileRecord, Manifest, read_manifest_file
+from initializers.sources.base import RemoteFile
+
+
+def test_the_manifest_holds_one_file_per_line_sorted_and_reads_back(tmp_path):
+    files = {
+        "b/weights.bin": FileRecord(3, "sha256:ab", "v2", 7),
+        "a.json": FileRecord(1, None, None, 5),
+        'ü "quoted".txt': FileRecord(2, "crc32:AAAAAA==", "e1", 6),
+    }
+    manifest = Manifest("s3://bucket/prefix", "rev", files)
+    text = manifest.to_json().decode()
+    lines = text.splitlines()
+    assert lines[1].startswith('"a.json": {"size": 1')
+    assert lines[2].startswith('"b/weights.bin": {"size": 3')
+    assert lines[3].startswith('"\\u00fc \\"quoted\\".txt": {"size": 2')
+    assert json.loads(text)["files"]["b/weights.bin"] == {
+        "size": 3,
+        "checksum": "sha256:ab",
+        "version": "v2",
+        "mtime_ns": 7,
+    }
+    path = tmp_path / "manifest.json"
+    path.write_bytes(manifest.to_json())
+    assert read_manifest_file(path) == manifest
+    empty = Manifest("s3://bucket/prefix", None, {})
+    assert json.loads(empty.to_json())["files"] == {}
+
+
+def test_collection_is_restored_after_a_paused_block_even_when_it_raises():
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), collection_paused():
+        assert not gc.isenabled()
+        raise RuntimeError("boom")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collection_paused():
+            pass
+        assert not gc.isenabled()  # it was off: it stays off
+    finally:
+        gc.enable()
+
+
+def test_planning_a_large_listing_runs_no_garbage_collection_until_it_is_done(tmp_path):
+    """Collections would walk every listed file's objects again and again: before this, 1.5 of
+    the 3.3 s a 100,000-file run spent before its first request."""
+    files = [RemoteFile(f"d/{i // 500:03d}/{i:06d}.jpg", 1000 + i, f"e{i}") for i in range(30_000)]
+    collections: list[int] = []
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            collections.append(info["generation"])
+
+    engine = Engine(source=None, dest=tmp_path)  # type: ignore[arg-type]  # planning lists nothing
+    gc.callbacks.append(count)
+    try:
+        outcome, kept, jobs = engine._plan(files, "s3://bucket/d", None)
+    finally:
+        gc.callbacks.remove(count)
+    assert len(collections) <= 1  # the first one after it may come as it returns (213 before)
+    assert len(jobs) == 30_000 and not kept and not outcome.up_to_date
+    assert jobs[0].ranges == [(0, jobs[0].remote.size)] and jobs[0].present == 0

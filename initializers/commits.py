@@ -35,7 +35,7 @@ MAX_BYTES = 256 << 20  # ...or this many bytes...
 MAX_AGE = 0.5  # ...or its oldest file has waited this long (seconds)
 
 
-@dataclass
+@dataclass(slots=True)
 class Verified:
     """A file whose bytes are all in its .part and verified, waiting for its batch."""
 

@@ -202,7 +202,7 @@ class FileFetcher:
 
     def _committed(self, job: FileJob) -> None:
         """After ``job``'s rename: its journal has nothing left to say."""
-        job.journal.remove()
+        job.remove_journal()
         self.progress.file_done()
 
     def _refetch_after_mismatch(self, job: FileJob, expected: str, actual: str) -> None:

@@ -7,11 +7,11 @@ a descriptor per file).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from functools import cached_property
 from itertools import zip_longest
 from pathlib import Path
 
@@ -29,7 +29,33 @@ CHECKPOINT = 4 * MIB  # journal granularity: at most this much is refetched per 
 
 
 class FileJob:
-    """One file being fetched: its .part, its journal, and the ranges still to do."""
+    """One file being fetched: its .part, its journal, and the ranges still to do.
+
+    Slotted, and its names made only when first needed: a run holds one per file to fetch
+    until it ends (~500 bytes each with a ``__dict__``, ~300 without, on 100,000 files)."""
+
+    __slots__ = (
+        "_dest",
+        "_expected",
+        "_expected_known",
+        "_final",
+        "_journal",
+        "_lock",
+        "_part",
+        "_pending",
+        "_resume",
+        "_room",
+        "fd",
+        "headers",
+        "kept",
+        "present",
+        "ranges",
+        "refetched",
+        "remote",
+        "resumable",
+        "spans",
+        "streamed_digest",
+    )
 
     def __init__(
         self, remote: RemoteFile, dest: Path, room: Callable[[Path], None] | None = None
@@ -53,32 +79,48 @@ class FileJob:
         self._expected: Checksum | None = None
         self._expected_known = False
         self.streamed_digest: str | None = None  # digest computed while streaming, if any
-        self.kept: list[tuple[int, int]] = []  # spans an interrupted run left on disk
+        self.kept: tuple[tuple[int, int], ...] = ()  # spans an interrupted run left on disk
         self.spans: checksums.SpanDigest | None = None  # digest of a file fetched in ranges
+        self._final: Path | None = None
+        self._part: Path | None = None
+        self._journal: RangeJournal | None = None
 
     # Its names, made when first needed: by the worker that takes the file, not by the
     # planning before the first request. For the benchmark's 2,002 files that planning took
     # 23-30 ms of CPU while it made ``final``, 13-16 ms since; making the names beside
     # ``final`` here had saved ~15 ms before.
-    @cached_property
+    @property
     def final(self) -> Path:
-        return self._dest / self.remote.path
+        if self._final is None:
+            self._final = self._dest / self.remote.path
+        return self._final
 
-    @cached_property
+    @property
     def part(self) -> Path:
-        return part_path(self.final)
+        if self._part is None:
+            self._part = part_path(self.final)
+        return self._part
 
-    @cached_property
+    @property
     def journal(self) -> RangeJournal:
-        identity = {"size": self.remote.size, "version": self.remote.version}
-        return RangeJournal(journal_path(self.final), identity)
+        """One per file: its descriptor is shared by the file's workers."""
+        if self._journal is None:
+            with self._lock:
+                return self._journal_locked()
+        return self._journal
+
+    def _journal_locked(self) -> RangeJournal:
+        if self._journal is None:
+            identity = {"size": self.remote.size, "version": self.remote.version}
+            self._journal = RangeJournal(journal_path(self.final), identity)
+        return self._journal
 
     def plan(self) -> None:
         """Work out which ranges remain, keeping bytes an interrupted run left (opens nothing:
         a dataset of many files must not hold a descriptor per file)."""
         if not self.resumable:  # the whole file, again (no journal to read: most files)
             size = self.remote.size
-            self._resume, self.kept, self.spans, self.present = False, [], None, 0
+            self._resume, self.kept, self.spans, self.present = False, (), None, 0
             self.ranges = [(0, size)] if size else []
             self._pending = len(self.ranges)
             return
@@ -86,7 +128,8 @@ class FileJob:
         done = self.journal.load() if self._resume else []
         self._resume = bool(done)
         missing = holes(done, self.remote.size)
-        self.kept = [(s, min(e, self.remote.size)) for s, e in merge(done) if s < self.remote.size]
+        size = self.remote.size
+        self.kept = tuple((s, min(e, size)) for s, e in merge(done) if s < size)
         self.spans = None
         self.present = self.remote.size - sum(end - start for start, end in missing)
         split = split_range if self.remote.ranged else lambda start, end: [(start, end)]
@@ -112,7 +155,7 @@ class FileJob:
                     self.fd = os.open(self.part, flags | (0 if self._resume else os.O_TRUNC), 0o644)
                     os.ftruncate(self.fd, self.remote.size)
                     if self.resumable:
-                        self.journal.open(fresh=not self._resume)
+                        self._journal_locked().open(fresh=not self._resume)
                 except OSError as exc:
                     raise storage_error(exc, self.final) from None
             return self.fd
@@ -181,8 +224,17 @@ class FileJob:
     def close_journal(self) -> None:
         """Close the journal if this run opened one: only a resumable file has one, and
         making its name cost a small file's loop thread more than the close."""
-        if "journal" in vars(self):
-            self.journal.close()
+        if self._journal is not None:
+            self._journal.close()
+
+    def remove_journal(self) -> None:
+        """Close and delete the journal; a small file's, which this run never made, is only
+        unlinked (one an interrupted run left when the file was larger)."""
+        if self._journal is not None or self.resumable:
+            self.journal.remove()
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(journal_path(self.final))
 
     def close(self) -> None:
         if self.fd is not None:

@@ -8,7 +8,7 @@ import fcntl
 import os
 import re
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from initializers.errors import LocalStorageError
@@ -144,8 +144,9 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(target: Path, data: bytes) -> None:
-    """Write ``data`` to ``target`` so readers see the old file or the whole new one.
+def atomic_write_bytes(target: Path, data: bytes | Iterable[bytes]) -> None:
+    """Write ``data`` (or its pieces, in order) to ``target`` so readers see the old file or
+    the whole new one.
 
     Safe with concurrent writers (the shards of one cache entry record its use together): they
     take turns on one temporary name, locked while it is written and renamed. One fixed name
@@ -167,7 +168,7 @@ def atomic_write_bytes(target: Path, data: bytes) -> None:
             if state == "ours":
                 os.ftruncate(fd, 0)
                 with open(fd, "wb", closefd=False) as out:
-                    out.write(data)
+                    out.writelines([data] if isinstance(data, bytes) else data)
                 os.fsync(fd)
                 os.replace(tmp, target)
                 break

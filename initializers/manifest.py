@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,7 +20,7 @@ MANIFEST_NAME = ".initializer-manifest.json"
 FORMAT_VERSION = 1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FileRecord:
     """What we know of one committed file."""
 
@@ -48,16 +49,25 @@ class Manifest:
     format: int = FORMAT_VERSION
 
     def to_json(self) -> bytes:
-        """One file's record per line, sorted by path (``grep`` finds a file's line), written
-        by the C encoder: ``indent`` would take the pure-Python one, 0.42 s against 0.24 s
-        for 100,000 files, after the last byte of a run."""
+        return b"".join(self.json_pieces())
+
+    def json_pieces(self, lines_per_piece: int = 1024) -> Iterator[bytes]:
+        """The JSON text in pieces, one file's record per line, sorted by path (``grep`` finds
+        a file's line): the whole text of 100,000 files is never held at once (~20 MiB, three
+        times over as it was built). By the C encoder: ``indent`` takes the pure-Python one,
+        0.42 s against 0.24 s for 100,000 files, after the last byte of a run."""
         head = json.dumps({"format": self.format, "source": self.source, "revision": self.revision})
         encode = json.JSONEncoder().encode
-        lines = [
-            f"{encode(path)}: {encode(rec.to_dict())}" for path, rec in sorted(self.files.items())
-        ]
-        files = "{\n" + ",\n".join(lines) + "\n}" if lines else "{}"
-        return f'{head[:-1]}, "files": {files}}}\n'.encode()
+        paths = sorted(self.files)
+        if not paths:
+            yield f'{head[:-1]}, "files": {{}}}}\n'.encode()
+            return
+        yield f'{head[:-1]}, "files": {{\n'.encode()
+        for first in range(0, len(paths), lines_per_piece):
+            batch = paths[first : first + lines_per_piece]
+            lines = [f"{encode(path)}: {encode(self.files[path].to_dict())}" for path in batch]
+            last = first + lines_per_piece >= len(paths)
+            yield (",\n".join(lines) + ("\n}}\n" if last else ",\n")).encode()
 
     def total_bytes(self) -> int:
         return sum(rec.size for rec in self.files.values())
@@ -90,7 +100,7 @@ def write_manifest(dest: Path, manifest: Manifest) -> None:
 
 
 def write_manifest_file(path: Path, manifest: Manifest) -> None:
-    atomic_write_bytes(path, manifest.to_json())
+    atomic_write_bytes(path, manifest.json_pieces())
 
 
 def remove_manifest(dest: Path) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import re
 import xml.etree.ElementTree as ElementTree
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol, Self
 from urllib.parse import quote, urlencode, urlsplit
@@ -144,8 +144,7 @@ class AzureSource(Source):
             nouns=("blobs", "container"),
         )
 
-    def _list_blobs(self, folder: str) -> list[Entry]:
-        found: list[Entry] = []
+    def _list_blobs(self, folder: str) -> Iterator[Entry]:
         marker = ""
         while True:
             query = {"restype": "container", "comp": "list", "prefix": folder}
@@ -175,10 +174,10 @@ class AzureSource(Source):
                 properties = {
                     child.tag: child.text or "" for child in blob.find("Properties") or ()
                 }
-                found.append(_entry(blob.findtext("Name", ""), properties))
+                yield _entry(blob.findtext("Name", ""), properties)
             marker = root.findtext("NextMarker") or ""
             if not marker:
-                return found
+                return
 
     def _properties(self, name: str) -> Entry | None:
         path = f"/{self.location.container}/{quote(name, safe='/~')}"

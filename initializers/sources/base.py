@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from initializers.native import Streamed
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Checksum:
     """An expected digest: ``algorithm`` is a :mod:`initializers.checksum` name; ``parts``, the
     sizes of a multipart object's parts where the value is a digest of its parts (``...-N``)."""
@@ -33,7 +33,7 @@ class Checksum:
         return f"{self.algorithm}:{self.value}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RemoteFile:
     """One file a source offers, named by its path relative to the storage URI."""
 

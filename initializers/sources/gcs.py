@@ -23,7 +23,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Self
 from urllib.parse import quote, urlencode
@@ -117,18 +117,17 @@ class GcsSource(Source):
             remote=_remote,
         )
 
-    def _list_objects(self, folder: str) -> list[Entry]:
-        found: list[Entry] = []
+    def _list_objects(self, folder: str) -> Iterator[Entry]:
         token: str | None = None
         while True:
             query = {"prefix": folder, "fields": _FIELDS, "maxResults": "1000"}
             if token:
                 query["pageToken"] = token
             page = self._get_json(f"/storage/v1/b/{quote(self.location.bucket)}/o", query)
-            found.extend(_entry(obj) for obj in page.get("items", []))
+            yield from (_entry(obj) for obj in page.get("items", []))
             token = page.get("nextPageToken")
             if not token:
-                return found
+                return
 
     def _object(self, name: str) -> Entry | None:
         path = f"/storage/v1/b/{quote(self.location.bucket)}/o/{quote(name, safe='')}"

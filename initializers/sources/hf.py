@@ -188,27 +188,30 @@ class HfSource(Source):
         )
         self._commit = info.sha
         self._gated = bool(getattr(info, "gated", False))
-        entries = self._entries()
-        files, skipped = [], []
-        # Every file keeps its path in the repository, sub-path or not: upstream downloads the
-        # whole repo with its layout, and the Kubeflow SDK's TorchTune trainer then reads
-        # /workspace/dataset/<sub-path> (as `hf download --include` lays it out too).
-        for entry in entries:
-            try:
-                files.append(self._remote(safe_relpath(entry.path), entry))
-            except UnsafePathError as exc:
-                skipped.append((entry.path, str(exc)))
+        files, skipped = self._call(self._listed)
         if not files and not skipped:
             raise NotFoundError(f"{self.describe()} holds no files")
         return Listing(self._commit, files, skipped)
 
-    def _entries(self) -> list[RepoFile]:
+    def _listed(self) -> tuple[list[RemoteFile], list[tuple[str, str]]]:
+        """The files, each made a RemoteFile as its page of the tree arrives (a RepoFile is
+        ~1 KiB: a large repo's were all held at once before)."""
+        files, skipped = [], []
+        # Every file keeps its path in the repository, sub-path or not: upstream downloads the
+        # whole repo with its layout, and the Kubeflow SDK's TorchTune trainer then reads
+        # /workspace/dataset/<sub-path> (as `hf download --include` lays it out too).
+        for entry in self._entries():
+            try:
+                files.append(self._remote(safe_relpath(entry.path), entry))
+            except UnsafePathError as exc:
+                skipped.append((entry.path, str(exc)))
+        return files, skipped
+
+    def _entries(self) -> Iterator[RepoFile]:
         commit = self._commit
         if self.path:
-            found = self._call(
-                lambda: self._api.get_paths_info(
-                    self.repo_id, [self.path], revision=commit, repo_type=self.repo_type
-                )
+            found = self._api.get_paths_info(
+                self.repo_id, [self.path], revision=commit, repo_type=self.repo_type
             )
             if not found:
                 raise NotFoundError(
@@ -216,19 +219,16 @@ class HfSource(Source):
                     "repo at that revision"
                 )
             if isinstance(found[0], RepoFile):
-                return [found[0]]
-        tree = self._call(
-            lambda: list(
-                self._api.list_repo_tree(
-                    self.repo_id,
-                    path_in_repo=self.path or None,
-                    recursive=True,
-                    revision=commit,
-                    repo_type=self.repo_type,
-                )
-            )
+                yield found[0]
+                return
+        tree = self._api.list_repo_tree(
+            self.repo_id,
+            path_in_repo=self.path or None,
+            recursive=True,
+            revision=commit,
+            repo_type=self.repo_type,
         )
-        return [entry for entry in tree if not isinstance(entry, RepoFolder)]
+        yield from (entry for entry in tree if not isinstance(entry, RepoFolder))
 
     def _remote(self, relative: str, entry: RepoFile) -> RemoteFile:
         if entry.lfs is not None:

@@ -59,7 +59,7 @@ class ControlPlane(Protocol):
     credentials: Any  # with get_frozen_credentials(), or None (anonymous)
     bucket_url: str
 
-    def list_objects(self, folder: str) -> list[dict[str, Any]]: ...
+    def list_objects(self, folder: str) -> Iterator[dict[str, Any]]: ...
     def head_object(self, key: str) -> dict[str, Any] | None: ...
     def head_part(self, key: str, number: int) -> dict[str, Any] | None: ...
     def close(self) -> None: ...
@@ -134,11 +134,13 @@ class S3Source(Source):
             remote=lambda path, entry: self._remote(path, entry.key, entry.meta),
         )
 
-    def _list_objects(self, folder: str) -> list[Entry]:
-        objects = self._plane.list_objects(folder)
+    def _list_objects(self, folder: str) -> Iterator[Entry]:
         # Listings name a checksum's algorithm, not its value: a HEAD may find the value later.
-        self._with_additional = {o["Key"] for o in objects if o.get("ChecksumAlgorithm")}
-        return [Entry(o["Key"], int(o.get("Size", 0)), o) for o in objects]
+        self._with_additional = set()
+        for o in self._plane.list_objects(folder):
+            if o.get("ChecksumAlgorithm"):
+                self._with_additional.add(o["Key"])
+            yield Entry(o["Key"], int(o.get("Size", 0)), o)
 
     def _head_entry(self, key: str) -> Entry | None:
         found = self._head_once(key)

@@ -10,6 +10,7 @@ set-up to every run (measured). Its import and client set-up still cost ~0.4 s h
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import botocore.exceptions as bexc
@@ -44,12 +45,11 @@ class BotocorePlane:
         self.credentials = None if settings.anonymous else self._resolve_credentials()
         self.bucket_url: str = self._call(self._bucket_url)
 
-    def list_objects(self, folder: str) -> list[dict[str, Any]]:
+    def list_objects(self, folder: str) -> Iterator[dict[str, Any]]:
         paginator = self._client.get_paginator("list_objects_v2")
-        objects: list[dict[str, Any]] = []
-        for page in self._call(lambda: list(paginator.paginate(Bucket=self.bucket, Prefix=folder))):
-            objects.extend(page.get("Contents", []))
-        return objects
+        pages = iter(paginator.paginate(Bucket=self.bucket, Prefix=folder))
+        while (page := self._call(lambda: next(pages, None))) is not None:
+            yield from page.get("Contents", [])
 
     def head_object(self, key: str) -> dict[str, Any] | None:
         try:

@@ -12,6 +12,7 @@ SigV4 signer as the data GETs, through the same transport. Everything else goes 
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote_plus, urlencode, urlsplit
@@ -85,9 +86,8 @@ class RestPlane:
         self._path = split.path
         self._signer = S3HeaderSigner(self.credentials, self.region) if self.credentials else None
 
-    def list_objects(self, folder: str) -> list[dict[str, Any]]:
+    def list_objects(self, folder: str) -> Iterator[dict[str, Any]]:
         """Every object under ``folder``, page after page, in botocore's ListObjectsV2 keys."""
-        objects: list[dict[str, Any]] = []
         token: str | None = None
         while True:
             query = {"list-type": "2", "prefix": folder, "encoding-type": "url"}
@@ -95,12 +95,12 @@ class RestPlane:
                 query["continuation-token"] = token
             root = self._list_page(query)
             encoded_keys = root.findtext("EncodingType") == "url"  # else the server ignored it
-            for item in root.iter("Contents"):
-                objects.append(_object(item, encoded_keys))
             truncated = root.findtext("IsTruncated", "false") == "true"
             token = root.findtext("NextContinuationToken")
+            for item in root.iter("Contents"):
+                yield _object(item, encoded_keys)
             if not truncated or not token:
-                return objects
+                return
 
     def head_object(self, key: str) -> dict[str, Any] | None:
         """HeadObject's answer in botocore's keys, or None when there is no such object."""

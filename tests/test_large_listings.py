@@ -1,4 +1,5 @@
-"""The manifest's form and the planning of a large listing."""
+"""What keeps a run of many files cheap: listings taken page by page, planning without garbage
+collection, and a manifest written in pieces, one file per line."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import json
 import pytest
 
 from initializers.engine import Engine
+from initializers.errors import TransientError
 from initializers.heap import collection_paused
 from initializers.manifest import FileRecord, Manifest, read_manifest_file
+from initializers.retry import RetryPolicy
 from initializers.sources.base import RemoteFile
+from initializers.sources.prefix import Entry, list_prefix
 
 
 def test_the_manifest_holds_one_file_per_line_sorted_and_reads_back(tmp_path):
@@ -72,3 +76,52 @@ def test_planning_a_large_listing_runs_no_garbage_collection_until_it_is_done(tm
     assert len(collections) <= 1  # the first one after it may come as it returns (213 before)
     assert len(jobs) == 30_000 and not kept and not outcome.up_to_date
     assert jobs[0].ranges == [(0, jobs[0].remote.size)] and jobs[0].present == 0
+
+
+def test_entries_become_remote_files_as_their_page_arrives_not_after_the_last():
+    made: list[str] = []
+    asked: list[tuple[int, int]] = []  # (page, files made when it was asked for)
+
+    def pages(folder: str):
+        for page in range(3):
+            asked.append((page, len(made)))
+            for i in range(4):
+                yield Entry(f"{folder}p{page}-{i}", 10, None)
+        yield Entry(f"{folder}sub/", 0, None)  # a folder placeholder: no file
+
+    def remote(path: str, entry: Entry) -> RemoteFile:
+        made.append(path)
+        return RemoteFile(path, entry.size, "v", locator=entry.key)
+
+    listing = list_prefix(
+        "data",
+        where="s3://bucket/data",
+        retry=RetryPolicy(attempts=1),
+        list_folder=pages,
+        lookup=lambda key: None,
+        remote=remote,
+    )
+    assert asked == [(0, 0), (1, 4), (2, 8)]
+    assert [f.path for f in listing.files] == made and len(made) == 12
+
+
+def test_a_listing_that_fails_midway_is_taken_again_whole_not_doubled():
+    attempts = []
+
+    def pages(folder: str):
+        attempts.append(1)
+        yield Entry(f"{folder}a", 1, None)
+        if len(attempts) == 1:
+            raise TransientError("the second page failed")
+        yield Entry(f"{folder}b", 1, None)
+
+    listing = list_prefix(
+        "data",
+        where="s3://bucket/data",
+        retry=RetryPolicy(attempts=3, sleep=lambda _: None),
+        list_folder=pages,
+        lookup=lambda key: None,
+        remote=lambda path, entry: RemoteFile(path, entry.size, "v"),
+    )
+    assert len(attempts) == 2
+    assert [f.path for f in listing.files] == ["a", "b"]

@@ -175,14 +175,19 @@ class FileJob:
     def expected_checksum(self, source: Source) -> Checksum | None:
         """The digest to verify this file against (asked of the source once per fetch)."""
         if not self._expected_known:
-            expected = source.checksum_for(self.remote, self.headers or {})
-            if expected and not checksums.is_supported(expected.algorithm):
-                log.debug(
-                    "%s: cannot verify %s here; size checked only", self.remote.path, expected
-                )
-                expected = None
-            self._expected, self._expected_known = expected, True
+            with self._lock:  # once: the headers are dropped then (a file's ranges ask at once)
+                if not self._expected_known:
+                    self._expected = self._checksum_from(source)
+                    self._expected_known = True
+                    self.headers = None  # a run of many files must not keep them all
         return self._expected
+
+    def _checksum_from(self, source: Source) -> Checksum | None:
+        expected = source.checksum_for(self.remote, self.headers or {})
+        if expected and not checksums.is_supported(expected.algorithm):
+            log.debug("%s: cannot verify %s here; size checked only", self.remote.path, expected)
+            return None
+        return expected
 
     def correct_checksum(self, expected: Checksum) -> None:
         """Verify against ``expected`` from now on: another digest of the same object, which the
@@ -190,8 +195,9 @@ class FileJob:
         self._expected, self._expected_known = expected, True
 
     def note_headers(self, headers: Mapping[str, str]) -> None:
-        """Keep the first response's headers (case-insensitive, as the transport gives them)."""
-        if self.headers is None:
+        """Keep the first response's headers (case-insensitive, as the transport gives them)
+        until the checksum to verify against is known."""
+        if self.headers is None and not self._expected_known:
             self.headers = headers
 
     def span_digest(self, source: Source) -> checksums.SpanDigest | None:

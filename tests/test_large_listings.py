@@ -10,10 +10,11 @@ import pytest
 
 from initializers.engine import Engine
 from initializers.errors import TransientError
+from initializers.filejob import FileJob
 from initializers.heap import collection_paused
 from initializers.manifest import FileRecord, Manifest, read_manifest_file
 from initializers.retry import RetryPolicy
-from initializers.sources.base import RemoteFile
+from initializers.sources.base import Checksum, RemoteFile
 from initializers.sources.prefix import Entry, list_prefix
 
 
@@ -125,3 +126,21 @@ def test_a_listing_that_fails_midway_is_taken_again_whole_not_doubled():
     )
     assert len(attempts) == 2
     assert [f.path for f in listing.files] == ["a", "b"]
+
+
+def test_a_files_response_headers_are_dropped_once_its_checksum_is_known(tmp_path):
+    """Every job lives until the run ends: 100,000 S3 objects' headers held ~550 MiB more
+    peak memory (PSS, two processes) than without them."""
+
+    class OffersTheHeadersChecksum:
+        def checksum_for(self, file: RemoteFile, headers: dict[str, str]) -> Checksum | None:
+            return Checksum("s3-crc32", headers["x-amz-checksum-crc32"])
+
+    source = OffersTheHeadersChecksum()
+    job = FileJob(RemoteFile("a.bin", 10, "v"), tmp_path)
+    job.note_headers({"x-amz-checksum-crc32": "AAAAAA=="})
+    assert job.expected_checksum(source) == Checksum("s3-crc32", "AAAAAA==")  # type: ignore[arg-type]
+    assert job.headers is None
+    job.note_headers({"x-amz-checksum-crc32": "BBBBBB=="})  # another range's response
+    assert job.headers is None
+    assert job.expected_checksum(source) == Checksum("s3-crc32", "AAAAAA==")  # type: ignore[arg-type]

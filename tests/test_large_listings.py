@@ -129,8 +129,8 @@ def test_a_listing_that_fails_midway_is_taken_again_whole_not_doubled():
 
 
 def test_a_files_response_headers_are_dropped_once_its_checksum_is_known(tmp_path):
-    """Every job lives until the run ends: 100,000 S3 objects' headers held ~550 MiB more
-    peak memory (PSS, two processes) than without them."""
+    """Every job lives until the run ends: with 100,000 S3 objects, their headers took the
+    run's peak memory (PSS, both processes) from ~357 to ~695 MiB."""
 
     class OffersTheHeadersChecksum:
         def checksum_for(self, file: RemoteFile, headers: dict[str, str]) -> Checksum | None:

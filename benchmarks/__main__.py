@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
                 "contenders": [c.name for c in chosen],
                 "assets": {
                     a: {"bytes": fixture.expected_bytes(a), "files": len(fixture.expected(a))}
-                    for a in ("model", "dataset")
+                    for a in harness.ASSETS
                 },
                 "machine": machine.describe(venv, kserve_venv)
                 | {"free_pages": free_pages, "destinations": placed},

@@ -97,6 +97,7 @@ class Contender:
     name = ""
     label = ""
     sources: tuple[str, ...] = ("s3",)
+    assets: tuple[str, ...] = ("model", "dataset")  # "files" (100,000 objects): ours and s5cmd
     reference = False  # not an S3/Hub client: a yardstick (disk copy, raw GETs)
     skips_complete = False  # a rerun into a complete destination fetches nothing
     resumes_partial = False  # a rerun after a kill continues half-written files
@@ -105,16 +106,19 @@ class Contender:
         raise NotImplementedError
 
     def applies(self, task: Task) -> bool:
-        return task.source in self.sources
+        return task.source in self.sources and task.asset in self.assets
 
 
 class Ours(Contender):
     name, label = "ours", "kf-initializers (this project)"
     sources = ("s3", "hf", "gcs", "az")
+    assets = ("model", "dataset", "files")
     skips_complete = resumes_partial = True
 
     def command(self, ctx: Context, task: Task, dest: Path) -> Invocation:
-        program = ctx.venv / "bin" / f"{task.asset}-initializer"
+        program = (
+            ctx.venv / "bin" / f"{'model' if task.asset == 'model' else 'dataset'}-initializer"
+        )
         if task.source == "s3":
             uri, extra = f"s3://{BUCKET}/{task.asset}", ["--endpoint", ctx.s3_url]
         elif task.source in ("gcs", "az"):
@@ -171,6 +175,7 @@ class Ours(Contender):
 
 class S5cmd(Contender):
     name, label = "s5cmd", "s5cmd"
+    assets = ("model", "dataset", "files")
     skips_complete = True  # with `sync` on reruns
 
     def command(self, ctx: Context, task: Task, dest: Path) -> Invocation:

@@ -10,6 +10,9 @@ CRC32 by default), with 8 MiB parts from 8 MiB up:
   object) for a single-part object, ``COMPOSITE`` (base64 of the CRC32 of the parts' CRC32
   digests, then ``-N``) for a multipart one.
 
+``files`` is a third prefix, for the many-files scenario only: 100,000 objects of 1-8 KiB (at
+scale 1) in 200 folders, an image-folder dataset whose time and memory go to per-file costs.
+
 The model holds what a Hugging Face repo holds: safetensors shards and configs that the model
 initializer's default patterns fetch, plus files those defaults skip (``.bin``, ``.h5``,
 ``.msgpack``, ``.pth``, README, .gitattributes). Every contender is asked to fetch the same set.
@@ -31,7 +34,7 @@ import numpy as np
 MiB = 1 << 20
 KiB = 1 << 10
 BUCKET = "bench"
-FORMAT = 4  # 4: CRC32 checksums
+FORMAT = 5  # 4: CRC32 checksums; 5: the files prefix
 MULTIPART_THRESHOLD = 8 * MiB  # aws s3 cp / s3transfer defaults
 MULTIPART_CHUNK = 8 * MiB
 FIXED_MTIME = 1_735_689_600  # 2025-01-01T00:00:00Z: stable Last-Modified across regenerations
@@ -137,6 +140,12 @@ def _dataset_files(scale: float) -> list[tuple[str, int]]:
     return files
 
 
+def _many_files(scale: float) -> list[tuple[str, int]]:
+    count = max(64, round(100_000 * scale))
+    sizes = np.random.default_rng(100_000).integers(KiB, 8 * KiB + 1, size=count)
+    return [(f"images/class-{i // 500:03d}/{i:06d}.jpg", int(s)) for i, s in enumerate(sizes)]
+
+
 def _b64_crc32(crc: int) -> str:
     return base64.b64encode(crc.to_bytes(4, "big")).decode()
 
@@ -191,7 +200,12 @@ def load_or_generate(bench_dir: Path, scale: float, log=print) -> Fixture:
     log(f"generating fixtures at scale {scale:g} under {root} ...")
     objects: dict[str, ObjectInfo] = {}
     seed = 0
-    for asset, files in (("model", _model_files(scale)), ("dataset", _dataset_files(scale))):
+    assets = (
+        ("model", _model_files(scale)),
+        ("dataset", _dataset_files(scale)),
+        ("files", _many_files(scale)),
+    )
+    for asset, files in assets:
         for rel, size in files:
             seed += 1
             key = f"{asset}/{rel}"

@@ -47,6 +47,10 @@ DEFAULT_SCENARIOS = (
     "warm-s3-model", "warm-hf-model", "resume-s3-model", "resume-hf-model",
     "second-trainjob-s3-model", "second-trainjob-hf-model", "shards-s3-dataset",
 )  # fmt: skip
+# "files": 100,000 small objects, in cold-s3-files only (ours and s5cmd), not in the defaults:
+# a round takes ~1 minute.
+MANY_FILES = "files"
+ASSETS = ("model", "dataset", MANY_FILES)
 RESUME_AT = 0.5
 # The sharding scenario: how many shards, and each one's cap (one node's NIC, see the README).
 SHARD_COUNTS = (1, 2, 4)
@@ -101,11 +105,13 @@ def parse_scenarios(raw: str | None) -> list[str]:
             kind, source, asset = parts(item)
         except ValueError:
             kind = source = asset = ""
-        if kind not in KINDS or source not in SOURCES or asset not in ("model", "dataset"):
+        if kind not in KINDS or source not in SOURCES or asset not in ASSETS:
             raise ValueError(
                 f"unknown scenario {item!r}; use <{'|'.join(KINDS)}>-<{'|'.join(SOURCES)}>-"
-                "<model|dataset>"
+                f"<{'|'.join(ASSETS)}>"
             )
+        if asset == MANY_FILES and item != f"cold-s3-{MANY_FILES}":
+            raise ValueError(f"{item!r}: the many-files asset has one scenario, cold-s3-files")
         if source in CLOUD_SOURCES and kind != "cold":
             raise ValueError(f"{item!r}: the {source} emulator has only the cold scenario")
         if kind == SHARDS and source != "s3":

@@ -21,7 +21,9 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
+from benchmarks import contenders as contenders_mod
 from benchmarks import harness, measure, verify
+from benchmarks.contenders import Task
 from benchmarks.endpoints import Endpoints
 from benchmarks.fixtures import BUCKET, Fixture
 from benchmarks.tests.hubrun import snapshot_download_dataset
@@ -357,3 +359,21 @@ def test_latency_scenarios_are_named_like_the_others_and_run_by_default() -> Non
     ]
     with pytest.raises(ValueError, match="latency"):
         harness.parse_scenarios("slow-s3-model")
+
+
+def test_the_many_files_scenario_runs_only_when_asked_cold_on_s3_with_ours_and_s5cmd() -> None:
+    assert not any(s.endswith("-files") for s in harness.DEFAULT_SCENARIOS)
+    assert harness.parse_scenarios("cold-s3-files") == ["cold-s3-files"]
+    for other in ("latency-s3-files", "cold-hf-files", "warm-s3-files"):
+        with pytest.raises(ValueError, match="files"):
+            harness.parse_scenarios(other)
+    task = Task("s3", "files", rerun=False)
+    names = {c.name for c in contenders_mod.ALL if c.applies(task)}
+    assert names == {"ours", "s5cmd"}
+
+
+def test_the_many_files_fixture_is_small_objects_in_folders(fixture: Fixture) -> None:
+    files = fixture.expected("files")
+    assert len(files) >= 64
+    assert all(1024 <= o.size <= 8192 for o in files.values())
+    assert all(rel.startswith("images/class-") for rel in files)

@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import gc
 import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+from initializers.config import AssetDefaults, load_settings
 from initializers.engine import Engine
 from initializers.errors import TransientError
 from initializers.filejob import FileJob
 from initializers.heap import collection_paused
 from initializers.manifest import FileRecord, Manifest, read_manifest_file
 from initializers.retry import RetryPolicy
+from initializers.sources import open_source
 from initializers.sources.base import Checksum, RemoteFile
 from initializers.sources.prefix import Entry, list_prefix
 
@@ -144,3 +149,62 @@ def test_a_files_response_headers_are_dropped_once_its_checksum_is_known(tmp_pat
     job.note_headers({"x-amz-checksum-crc32": "BBBBBB=="})  # another range's response
     assert job.headers is None
     assert job.expected_checksum(source) == Checksum("s3-crc32", "AAAAAA==")  # type: ignore[arg-type]
+
+
+S3_NAMESPACE = "http://s3.amazonaws.com/doc/2006-03-01/"
+LISTING = """<?xml version="1.0" encoding="UTF-8"?>
+<ListBucketResult{xmlns}><Name>bucket</Name><Prefix>data/</Prefix><KeyCount>2</KeyCount>
+<MaxKeys>1000</MaxKeys><EncodingType>url</EncodingType><IsTruncated>{truncated}</IsTruncated>{next}
+<Contents><Key>data/{first}</Key><ETag>&quot;{md5}&quot;</ETag><Size>3</Size>
+<ChecksumAlgorithm>CRC32</ChecksumAlgorithm><ChecksumType>FULL_OBJECT</ChecksumType></Contents>
+<Contents><Key>data/{second}</Key><ETag>&quot;{md5}&quot;</ETag><Size>4</Size></Contents>
+</ListBucketResult>"""
+
+
+class _Listings(BaseHTTPRequestHandler):
+    """ListObjectsV2 pages, in S3's namespace or in none (``namespaced`` on the server)."""
+
+    def do_GET(self) -> None:
+        query = parse_qs(urlsplit(self.path).query)
+        second = "continuation-token" in query
+        namespaced = self.server.namespaced  # type: ignore[attr-defined]
+        body = LISTING.format(
+            xmlns=f' xmlns="{S3_NAMESPACE}"' if namespaced else "",
+            truncated="false" if second else "true",
+            next="" if second else "<NextContinuationToken>page-2</NextContinuationToken>",
+            first="d.txt" if second else "a.txt",
+            second="e%2Bf.bin" if second else "b%20c.bin",  # encoding-type=url
+            md5="0" * 32,
+        ).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("namespaced", [True, False], ids=["in-s3-namespace", "in-none"])
+def test_an_s3_listing_reads_the_same_in_s3s_namespace_or_in_none(namespaced, tmp_path):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Listings)
+    server.namespaced = namespaced  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        settings = load_settings(
+            AssetDefaults("dataset", tmp_path),
+            ["--storage-uri", "s3://bucket/data", "--anonymous"],
+            env={"ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}"},
+        )
+        source = open_source(settings)
+        listing = source.list()
+    finally:
+        server.shutdown()
+    assert [(f.path, f.size, f.locator) for f in listing.files] == [
+        ("a.txt", 3, "data/a.txt"),
+        ("b c.bin", 4, "data/b c.bin"),
+        ("d.txt", 3, "data/d.txt"),
+        ("e+f.bin", 4, "data/e+f.bin"),
+    ]
+    assert all(f.checksum == Checksum("md5", "0" * 32) for f in listing.files)

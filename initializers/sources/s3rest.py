@@ -93,12 +93,12 @@ class RestPlane:
             query = {"list-type": "2", "prefix": folder, "encoding-type": "url"}
             if token:
                 query["continuation-token"] = token
-            root = self._list_page(query)
-            encoded_keys = root.findtext("EncodingType") == "url"  # else the server ignored it
-            truncated = root.findtext("IsTruncated", "false") == "true"
-            token = root.findtext("NextContinuationToken")
-            for item in root.iter("Contents"):
-                yield _object(item, encoded_keys)
+            root, ns = self._list_page(query)
+            encoded_keys = root.findtext(f"{ns}EncodingType") == "url"  # else the server ignored it
+            truncated = root.findtext(f"{ns}IsTruncated", "false") == "true"
+            token = root.findtext(f"{ns}NextContinuationToken")
+            for item in root.iter(f"{ns}Contents"):
+                yield _object(item, encoded_keys, ns)
             if not truncated or not token:
                 return
 
@@ -137,21 +137,23 @@ class RestPlane:
     def close(self) -> None:
         """The transport is the source's; nothing of its own to release."""
 
-    def _list_page(self, query: dict[str, str]) -> ET.Element:
+    def _list_page(self, query: dict[str, str]) -> tuple[ET.Element, str]:
+        """A page's XML and the ``{namespace}`` its names are in ("" without one): S3 declares
+        its namespace once, on the document's root, and every name inherits it. Naming them in
+        it is cheaper than renaming every element (~10 renames a key, 1,000 keys a page)."""
         encoded = urlencode(sorted(query.items()), quote_via=quote, safe="~")
         status, headers, body = self._request("GET", self._path, encoded)
         try:
             root = ET.fromstring(body) if body else None
         except ET.ParseError:
             root = None
-        for element in root.iter() if root is not None else ():
-            element.tag = element.tag.rpartition("}")[2]  # with or without S3's namespace
+        ns = root.tag[: root.tag.index("}") + 1] if root is not None and "}" in root.tag else ""
         if status != 200:
-            code = "" if root is None else root.findtext("Code", "")
+            code = "" if root is None else root.findtext(f"{ns}Code", "")
             raise s3_error(code, status, headers, self.where, self.bucket)
         if root is None:
             raise TransientError(f"{self.where}: the listing was not valid XML")
-        return root
+        return root, ns
 
     def _request(
         self, method: str, path: str, query: str, headers: dict[str, str] | None = None
@@ -163,19 +165,19 @@ class RestPlane:
         return self._transport.request(method, self._origin + target, headers, self.where)
 
 
-def _object(item: ET.Element, encoded_key: bool) -> dict[str, Any]:
+def _object(item: ET.Element, encoded_key: bool, ns: str) -> dict[str, Any]:
     """One ``<Contents>`` of a listing, in botocore's keys (the key URL-decoded when the server
-    encoded it, as botocore does for ``encoding-type=url``)."""
-    key = item.findtext("Key", "")
+    encoded it, as botocore does for ``encoding-type=url``); ``ns``: the page's namespace."""
+    key = item.findtext(f"{ns}Key", "")
     found: dict[str, Any] = {
         "Key": unquote_plus(key) if encoded_key else key,
-        "Size": int(item.findtext("Size", "0")),
-        "ETag": item.findtext("ETag", ""),
+        "Size": int(item.findtext(f"{ns}Size", "0")),
+        "ETag": item.findtext(f"{ns}ETag", ""),
     }
-    algorithms = [a.text for a in item.iter("ChecksumAlgorithm") if a.text]
+    algorithms = [a.text for a in item.iter(f"{ns}ChecksumAlgorithm") if a.text]
     if algorithms:
         found["ChecksumAlgorithm"] = algorithms
-    kind = item.findtext("ChecksumType")
+    kind = item.findtext(f"{ns}ChecksumType")
     if kind:
         found["ChecksumType"] = kind
     return found

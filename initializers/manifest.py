@@ -18,6 +18,7 @@ from initializers.fsutil import atomic_write_bytes
 
 MANIFEST_NAME = ".initializer-manifest.json"
 FORMAT_VERSION = 1
+LINES_PER_PIECE = 1024  # the manifest is written this many files' lines at a time
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,10 +49,7 @@ class Manifest:
     files: dict[str, FileRecord] = field(default_factory=dict)
     format: int = FORMAT_VERSION
 
-    def to_json(self) -> bytes:
-        return b"".join(self.json_pieces())
-
-    def json_pieces(self, lines_per_piece: int = 1024) -> Iterator[bytes]:
+    def json_pieces(self) -> Iterator[bytes]:
         """The JSON text in pieces, one file's record per line, sorted by path (``grep`` finds
         a file's line): the whole text of 100,000 files is never held at once (~20 MiB, three
         times over as it was built). By the C encoder: ``indent`` takes the pure-Python one,
@@ -63,10 +61,10 @@ class Manifest:
             yield f'{head[:-1]}, "files": {{}}}}\n'.encode()
             return
         yield f'{head[:-1]}, "files": {{\n'.encode()
-        for first in range(0, len(paths), lines_per_piece):
-            batch = paths[first : first + lines_per_piece]
+        for first in range(0, len(paths), LINES_PER_PIECE):
+            batch = paths[first : first + LINES_PER_PIECE]
             lines = [f"{encode(path)}: {encode(self.files[path].to_dict())}" for path in batch]
-            last = first + lines_per_piece >= len(paths)
+            last = first + LINES_PER_PIECE >= len(paths)
             yield (",\n".join(lines) + ("\n}}\n" if last else ",\n")).encode()
 
     def total_bytes(self) -> int:

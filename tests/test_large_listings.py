@@ -16,7 +16,13 @@ from initializers.engine import Engine
 from initializers.errors import TransientError
 from initializers.filejob import FileJob
 from initializers.heap import collection_paused
-from initializers.manifest import FileRecord, Manifest, read_manifest_file
+from initializers.manifest import (
+    LINES_PER_PIECE,
+    FileRecord,
+    Manifest,
+    read_manifest_file,
+    write_manifest_file,
+)
 from initializers.retry import RetryPolicy
 from initializers.sources import open_source
 from initializers.sources.base import Checksum, RemoteFile
@@ -30,7 +36,9 @@ def test_the_manifest_holds_one_file_per_line_sorted_and_reads_back(tmp_path):
         'ü "quoted".txt': FileRecord(2, "crc32:AAAAAA==", "e1", 6),
     }
     manifest = Manifest("s3://bucket/prefix", "rev", files)
-    text = manifest.to_json().decode()
+    path = tmp_path / "manifest.json"
+    write_manifest_file(path, manifest)
+    text = path.read_text()
     lines = text.splitlines()
     assert lines[1].startswith('"a.json": {"size": 1')
     assert lines[2].startswith('"b/weights.bin": {"size": 3')
@@ -41,11 +49,18 @@ def test_the_manifest_holds_one_file_per_line_sorted_and_reads_back(tmp_path):
         "version": "v2",
         "mtime_ns": 7,
     }
-    path = tmp_path / "manifest.json"
-    path.write_bytes(manifest.to_json())
     assert read_manifest_file(path) == manifest
-    empty = Manifest("s3://bucket/prefix", None, {})
-    assert json.loads(empty.to_json())["files"] == {}
+    write_manifest_file(path, Manifest("s3://bucket/prefix", None, {}))
+    assert json.loads(path.read_text())["files"] == {}
+
+
+@pytest.mark.parametrize("count", [LINES_PER_PIECE - 1, LINES_PER_PIECE, 2 * LINES_PER_PIECE + 1])
+def test_a_manifest_written_in_pieces_is_one_document_with_a_line_per_file(count, tmp_path):
+    files = {f"d/{i:05d}.jpg": FileRecord(i, None, f"e{i}", i) for i in range(count)}
+    path = tmp_path / "manifest.json"
+    write_manifest_file(path, Manifest("s3://bucket/d", None, files))
+    assert len(path.read_text().splitlines()) == count + 2
+    assert read_manifest_file(path) == Manifest("s3://bucket/d", None, files)
 
 
 def test_collection_is_restored_after_a_paused_block_even_when_it_raises():

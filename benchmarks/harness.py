@@ -49,7 +49,7 @@ DEFAULT_SCENARIOS = (
 )  # fmt: skip
 # "files": 100,000 small objects, in cold-s3-files only (ours and s5cmd), not in the defaults:
 # a round takes ~1 minute.
-MANY_FILES = "files"
+MANY_FILES = schedule.MANY_FILES
 ASSETS = ("model", "dataset", MANY_FILES)
 RESUME_AT = 0.5
 # The sharding scenario: how many shards, and each one's cap (one node's NIC, see the README).
@@ -110,8 +110,10 @@ def parse_scenarios(raw: str | None) -> list[str]:
                 f"unknown scenario {item!r}; use <{'|'.join(KINDS)}>-<{'|'.join(SOURCES)}>-"
                 f"<{'|'.join(ASSETS)}>"
             )
-        if asset == MANY_FILES and item != f"cold-s3-{MANY_FILES}":
-            raise ValueError(f"{item!r}: the many-files asset has one scenario, cold-s3-files")
+        if asset == MANY_FILES and item != schedule.MANY_FILES_SCENARIO:
+            raise ValueError(
+                f"{item!r}: the many-files asset has one scenario, {schedule.MANY_FILES_SCENARIO}"
+            )
         if source in CLOUD_SOURCES and kind != "cold":
             raise ValueError(f"{item!r}: the {source} emulator has only the cold scenario")
         if kind == SHARDS and source != "s3":

@@ -30,7 +30,7 @@ parts = schedule.parts
 # First data GET goals on this machine class, per source (issue 13).
 FIRST_GET_GOALS = {"s3": 0.25, "hf": 0.4}
 SECOND_TRAINJOB_GOAL_S = 1.0  # issue 15: ours into a new workspace with a warm asset store
-MANY = "cold-s3-files"  # 100,000 small objects: no target, a measure of per-file costs
+MANY = schedule.MANY_FILES_SCENARIO  # 100,000 small objects: no target, per-file costs
 SHARDING_GOAL = 0.8  # issue 16: aggregate(K) >= 0.8 x K x aggregate(1)
 
 
@@ -102,7 +102,8 @@ def _fmt_seconds(s: float | None) -> str:
 
 def title(scenario: str, meta: dict) -> str:
     kind, source, asset = parts(scenario)
-    where = f"{SOURCES.get(source, source)}, {'many small files' if asset == 'files' else asset}"
+    shown = "many small files" if asset == schedule.MANY_FILES else asset
+    where = f"{SOURCES.get(source, source)}, {shown}"
     if kind == "cold":
         return f"Cold fetch, {where}"
     if kind == "latency":
@@ -191,7 +192,7 @@ def _targets(summary: dict[str, dict[str, Summary]], results: dict) -> list[str]
         rows.append(("Peak RSS of ours ≤ 200 MiB", f"{max(peaks):.0f} MiB", max(peaks) <= 200))
     many = get(MANY, "ours")
     if many:
-        files = assets.get("files", {}).get("files", 0)
+        files = assets.get(schedule.MANY_FILES, {}).get("files", 0)
         per_file = f", {many.peak_rss_mib * MiB / files / KiB:.1f} KiB a file" if files else ""
         s5 = get(MANY, "s5cmd")
         rows.append((f"{MANY} vs s5cmd (no target)", fmt_ratio(s5.vs_ours if s5 else None), None))

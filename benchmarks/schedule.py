@@ -19,6 +19,9 @@ from dataclasses import dataclass
 ANCHOR = "ours"
 # Scenario kinds whose figures are ratios, run in pairs; the others (reruns) are interleaved.
 PAIRED_KINDS = ("cold", "latency")
+# The many-files asset (100,000 small objects) and its one scenario: no target, opt-in.
+MANY_FILES = "files"
+MANY_FILES_SCENARIO = f"cold-s3-{MANY_FILES}"
 
 
 def parts(scenario: str) -> tuple[str, str, str]:

@@ -361,7 +361,7 @@ def test_latency_scenarios_are_named_like_the_others_and_run_by_default() -> Non
         harness.parse_scenarios("slow-s3-model")
 
 
-def test_the_many_files_scenario_runs_only_when_asked_cold_on_s3_with_ours_and_s5cmd() -> None:
+def test_the_many_files_scenario_is_opt_in_cold_on_s3_with_ours_and_s5cmd() -> None:
     assert not any(s.endswith("-files") for s in harness.DEFAULT_SCENARIOS)
     assert harness.parse_scenarios("cold-s3-files") == ["cold-s3-files"]
     for other in ("latency-s3-files", "cold-hf-files", "warm-s3-files"):

@@ -69,7 +69,9 @@ SMALL_BODY = MIB  # a range this small runs on the small files' pool (SMALL_IN_F
 # body, which is streamed. Paired rounds with 20 ms before every first byte, two processes (the
 # default 16 workers): on the S3 dataset 24 a process were 1.22x (1.19-1.24) faster than 12 and
 # 48 1.10x (1.02-1.18) faster than 24; on the Hub dataset 48 were 1.06x (1.00-1.12) faster
-# than 32 but peaked at 190-199 MiB (32: 158-173), too close to the 200 MiB target.
+# than 32 but peaked at 190-199 MiB (32: 158-173), too close to the 200 MiB target. At 37eb981,
+# 64 a process took the same time on both datasets with 20 ms (2 pairs each) for 70-80 MiB more:
+# there, too, the CPU binds before the requests in flight do.
 LOOP_PER_WORKER = 4
 MAX_BODIES_IN_FLIGHT = 32
 

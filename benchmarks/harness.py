@@ -49,8 +49,7 @@ DEFAULT_SCENARIOS = (
 )  # fmt: skip
 # "files": 100,000 small objects, in cold-s3-files only (ours and s5cmd), not in the defaults:
 # a round takes ~1 minute.
-MANY_FILES = schedule.MANY_FILES
-ASSETS = ("model", "dataset", MANY_FILES)
+ASSETS = ("model", "dataset", schedule.MANY_FILES)
 RESUME_AT = 0.5
 # The sharding scenario: how many shards, and each one's cap (one node's NIC, see the README).
 SHARD_COUNTS = (1, 2, 4)
@@ -110,7 +109,7 @@ def parse_scenarios(raw: str | None) -> list[str]:
                 f"unknown scenario {item!r}; use <{'|'.join(KINDS)}>-<{'|'.join(SOURCES)}>-"
                 f"<{'|'.join(ASSETS)}>"
             )
-        if asset == MANY_FILES and item != schedule.MANY_FILES_SCENARIO:
+        if asset == schedule.MANY_FILES and item != schedule.MANY_FILES_SCENARIO:
             raise ValueError(
                 f"{item!r}: the many-files asset has one scenario, {schedule.MANY_FILES_SCENARIO}"
             )

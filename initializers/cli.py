@@ -31,6 +31,7 @@ from initializers.config import (
     DEFAULT_TERMINATION_LOG,
     AssetDefaults,
     Settings,
+    all_groups,
     load_settings,
     termination_log_for_bad_settings,
 )
@@ -102,7 +103,8 @@ def run(defaults: AssetDefaults, argv: list[str] | None = None) -> int:
 
 
 def _fetch(settings: Settings, stop: _StopOnSignal) -> None:
-    source = open_source(settings)
+    retry = settings.retry_policy(stop.event)  # the run's one policy, handed to every part
+    source = open_source(settings, retry)
     try:
         log.info("%s: listing %s", settings.kind, source.describe())
         with collection_paused():  # the listing lives until the run ends
@@ -121,7 +123,7 @@ def _fetch(settings: Settings, stop: _StopOnSignal) -> None:
                 dest,
                 workers=settings.workers,
                 label=settings.kind,
-                retry=RetryPolicy(attempts=settings.retries),
+                retry=retry,
                 progress_interval=settings.progress_interval,
                 stop=stop.event,
                 share=share,
@@ -154,7 +156,7 @@ def _fetch(settings: Settings, stop: _StopOnSignal) -> None:
         if settings.cache_dir is None:
             outcome = fill(settings.output)
         else:
-            outcome = _through_cache(settings, source, listing, chosen, fill, stop.event)
+            outcome = _through_cache(settings, source, listing, chosen, fill, stop.event, retry)
         log.info("%s", describe_outcome(settings.kind, outcome))
     finally:
         source.close()
@@ -176,15 +178,16 @@ def _through_cache(
     chosen: list[RemoteFile],
     fill: Callable[[Path], Outcome],
     stop: threading.Event,
+    retry: RetryPolicy,
 ) -> Outcome:
     """Fetch into the cache entry for what the listing resolved, then link --output to it;
     only for a caller who can read the source's bytes."""
     assert settings.cache_dir is not None
     shown = source.describe()
-    prove_read_access(source, chosen or listing.files, RetryPolicy(attempts=settings.retries))
-    endpoints = (settings.endpoint, settings.hf_endpoint, settings.azure_account)
+    prove_read_access(source, chosen or listing.files, retry)
+    located = (settings[o.dest] for group in all_groups() for o in group.rows if o.locates)
     material = key_material(
-        " ".join([shown, *(e for e in endpoints if e)]),
+        " ".join([shown, *(str(where) for where in located if where)]),
         listing,
         (settings.allow_patterns, settings.ignore_patterns, settings.fallback_weights),
     )

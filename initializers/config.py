@@ -1,51 +1,45 @@
-"""Settings: one declarative table of options, read from flags first and the environment second.
+"""The run's settings: the common option rows, and every source's own, read once.
 
-Each option names its flag and the environment variables that may carry it (the Kubeflow names
-first, then the ecosystem's), so ``--help`` documents both and nothing else in the package reads
-``os.environ`` for configuration. Unset variables keep the asset's defaults (the upstream loader
-wiped them), and nothing here ever writes to the environment.
+The common rows are declared here; each scheme declares its own beside its source (the
+registry in :mod:`initializers.sources` names them), and :mod:`initializers.options` derives the
+parsing, ``--help``, the secrets and the docs from the rows. A source is handed only the common
+options and its own (:meth:`Settings.for_source`). Unset variables keep the asset's defaults
+(the upstream loader wiped them), and nothing here ever writes to the environment.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
 import sys
 import textwrap
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from initializers.errors import UsageError
+from initializers.inflight import connections_for
+from initializers.options import (
+    Option,
+    OptionGroup,
+    SourceSettings,
+    Values,
+    add_flags,
+    non_negative_int,
+    one_of,
+    parse_bool,
+    positive_float,
+    positive_int,
+    resolve,
+)
 from initializers.patterns import parse_patterns
-
-# A request for a small body spends most of its life waiting for the first byte (S3 and CDNs take
-# 10-50 ms; the body itself is a millisecond at 1 GB/s), so small files keep this many times the
-# workers' requests in flight while large ranges stay at ``workers`` (more of those only slowed
-# the S3 model); the HTTP transports pool a connection for each. Throwaway paired rounds against
-# s5cmd on the benchmark's S3 dataset with 20 ms before every first byte (5 rounds each, a quiet
-# machine): ours 3.5-3.8 s at 1x, 2.5-2.9 s at 2x or 3x (median ratio 0.46 -> 0.60, 0.63);
-# without the delay 3x cost ~5% (0.70 -> 0.66). On the Hub dataset (read ahead natively too) 3x
-# against 1x: 0.83 -> 0.90 with the delay, 0.86 -> 0.83 without.
-SMALL_IN_FLIGHT = 3
-
-_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an RFC 9110 token
+from initializers.retry import RetryPolicy
+from initializers.sources import option_groups
 
 MAX_URI_LENGTH = 2048
-_AZURE_FIELDS = (
-    "azure_account",
-    "azure_key",
-    "azure_sas",
-    "azure_connection_string",
-    "azure_client_id",
-    "azure_tenant_id",
-    "azure_client_secret",
-    "azure_federated_token_file",
-    "azure_authority",
-)
 DEFAULT_TERMINATION_LOG = Path("/dev/termination-log")
 
 
@@ -61,340 +55,166 @@ class AssetDefaults:
     fallback_weights: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class Settings:
-    """Everything one initializer run needs; built once by :func:`load_settings`."""
-
-    kind: str
-    storage_uri: str
-    output: Path
-    revision: str | None
-    allow_patterns: tuple[str, ...]
-    ignore_patterns: tuple[str, ...]
-    patterns_are_default: bool
-    fallback_weights: tuple[str, ...]
-    workers: int
-    endpoint: str | None
-    hf_endpoint: str | None
-    region: str
-    role_arn: str | None
-    anonymous: bool
-    access_key_id: str | None = field(default=None, repr=False)
-    secret_access_key: str | None = field(default=None, repr=False)
-    session_token: str | None = field(default=None, repr=False)
-    token: str | None = field(default=None, repr=False)
-    http_headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
-    gcs_key_json: str | None = field(default=None, repr=False)
-    azure_account: str | None = None
-    azure_key: str | None = field(default=None, repr=False)
-    azure_sas: str | None = field(default=None, repr=False)
-    azure_connection_string: str | None = field(default=None, repr=False)
-    azure_client_id: str | None = None
-    azure_tenant_id: str | None = None
-    azure_client_secret: str | None = field(default=None, repr=False)
-    azure_federated_token_file: Path | None = None
-    azure_authority: str | None = None
-    ca_bundle: str | None = None
-    cache_dir: Path | None = None
-    shards: int = 1
-    shard_index: int = 0
-    shard_run: str = ""
-    log_format: str = "text"
-    progress_interval: float = 5.0
-    timeout: float = 60.0
-    retries: int = 8
-    termination_log: Path = DEFAULT_TERMINATION_LOG
-    debug: bool = False
-
-    def secrets(self) -> list[str]:
-        """Values that must never appear in any output."""
-        fixed = (
-            self.secret_access_key,
-            self.session_token,
-            self.token,
-            self.gcs_key_json,
-            self.azure_key,
-            self.azure_sas,
-            self.azure_connection_string,
-            self.azure_client_secret,
-        )
-        return [s for s in (*fixed, *(value for _, value in self.http_headers)) if s]
-
-
-def _bool(value: str) -> bool:
-    lowered = value.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off", ""):
-        return False
-    raise ValueError(f"expected true/false, got {value!r}")
-
-
-def _headers(value: str) -> tuple[tuple[str, str], ...]:
-    """A JSON object of header names to string values (never echoed: they hold secrets)."""
-    try:
-        parsed = json.loads(value)
-    except json.JSONDecodeError:
-        raise ValueError('expected a JSON object such as {"Authorization": "Bearer ..."}') from None
-    if not isinstance(parsed, dict) or not all(
-        isinstance(k, str) and _HEADER_NAME.match(k) and isinstance(v, str) and "\n" not in v
-        for k, v in parsed.items()
-    ):
-        raise ValueError("expected a JSON object of header names to one-line string values")
-    return tuple(parsed.items())
-
-
-def _positive_int(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise ValueError("must be at least 1")
-    return number
-
-
-def _non_negative_int(value: str) -> int:
-    number = int(value)
-    if number < 0:
-        raise ValueError("must be 0 or more")
-    return number
-
-
-def _positive_float(value: str) -> float:
-    number = float(value)
-    if number <= 0:
-        raise ValueError("must be greater than 0")
-    return number
-
-
-def _log_format(value: str) -> str:
-    if value not in ("text", "json"):
-        raise ValueError("must be 'text' or 'json'")
-    return value
-
-
-@dataclass(frozen=True)
-class Option:
-    """One setting: its flag, the env vars that may carry it, and how to parse it."""
-
-    dest: str
-    flag: str | None
-    env: tuple[str, ...]
-    help: str
-    parse: Callable[[str], Any] = str
-    is_switch: bool = False
-
-
-OPTIONS: tuple[Option, ...] = (
-    Option(
-        "storage_uri",
-        "--storage-uri",
-        ("STORAGE_URI",),
-        "what to fetch: hf://[datasets/]org/repo[@revision][/path], s3://bucket/prefix, "
-        "gs://bucket/prefix, az://container/prefix, https://host/file[.tar.gz|.zip] (a "
-        "#sha256=<hex> fragment pins its content), file:///folder",
+COMMON = OptionGroup(
+    "",
+    "every source",
+    (
+        Option(
+            "storage_uri",
+            "--storage-uri",
+            ("STORAGE_URI",),
+            "what to fetch: hf://[datasets/]org/repo[@revision][/path], s3://bucket/prefix, "
+            "gs://bucket/prefix, az://container/prefix, https://host/file[.tar.gz|.zip] (a "
+            "#sha256=<hex> fragment pins its content), file:///folder",
+            shown="(required)",
+        ),
+        Option("output", "--output", ("OUTPUT_PATH",), "destination folder", Path),
+        Option(
+            "cache_dir",
+            "--cache-dir",
+            ("CACHE_DIR",),
+            "shared asset store (a ReadWriteMany volume, mounted at the same path in the "
+            "trainer nodes): fetch once into it, then make --output a link to the entry",
+            Path,
+            shown="(off)",
+        ),
+        Option(
+            "allow_patterns",
+            "--allow-patterns",
+            ("ALLOW_PATTERNS",),
+            "comma-separated globs on the path under --output; only matches are fetched",
+        ),
+        Option(
+            "ignore_patterns",
+            "--ignore-patterns",
+            ("IGNORE_PATTERNS",),
+            "comma-separated globs on the path under --output; matches are skipped",
+        ),
+        Option(
+            "workers",
+            "--workers",
+            ("WORKERS",),
+            "parallel requests; files up to 1 MiB: 3x as many (each mostly waits for its first "
+            "byte), and 4x, at most 32 a process, from S3 and the Hub (on the native loop, "
+            "where they cost no thread)",
+            positive_int,
+            default=16,
+        ),
+        Option(
+            "shards",
+            "--shards",
+            ("SHARDS",),
+            "pods sharing this fetch (an Indexed Job's parallelism); each fetches its share of "
+            "the files into the same --output (a ReadWriteMany volume)",
+            positive_int,
+            shown="1",
+        ),
+        Option(
+            "shard_index",
+            "--shard-index",
+            ("SHARD_INDEX", "JOB_COMPLETION_INDEX"),
+            "this pod's share, 0 to SHARDS-1 (Kubernetes sets JOB_COMPLETION_INDEX)",
+            non_negative_int,
+        ),
+        Option(
+            "shard_run",
+            None,
+            ("SHARD_RUN",),
+            "one run of a sharded fetch (the runtimes set the Job's UID): a new run replaces "
+            "the plan an earlier, failed run left",
+            default="",
+        ),
+        Option(
+            "anonymous",
+            "--anonymous",
+            ("ANONYMOUS",),
+            "unsigned requests (public S3 and GCS buckets)",
+            parse_bool,
+            default=False,
+            switch=True,
+        ),
+        Option(
+            "ca_bundle",
+            "--ca-bundle",
+            ("AWS_CA_BUNDLE", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE"),
+            "PEM bundle of trusted CAs for HTTPS endpoints",
+            shown="system CAs",
+        ),
+        Option(
+            "log_format",
+            "--log-format",
+            ("LOG_FORMAT",),
+            "text or json (one object per line)",
+            one_of("text", "json"),
+            default="text",
+        ),
+        Option(
+            "progress_interval",
+            "--progress-interval",
+            ("PROGRESS_INTERVAL",),
+            "seconds between progress lines",
+            positive_float,
+            default=5.0,
+        ),
+        Option(
+            "timeout",
+            "--timeout",
+            ("TIMEOUT",),
+            "seconds a request may stall before it is retried",
+            positive_float,
+            default=60.0,
+        ),
+        Option(
+            "retries",
+            "--retries",
+            ("RETRIES",),
+            "attempts in a row per request on transient errors, within 5 minutes; an attempt "
+            "that got 1 MiB further starts the count again",
+            positive_int,
+            default=8,
+        ),
+        Option(
+            "termination_log",
+            "--termination-log",
+            ("TERMINATION_LOG",),
+            "where the one-line failure reason goes",
+            Path,
+            default=DEFAULT_TERMINATION_LOG,
+        ),
+        Option(
+            "debug",
+            "--debug",
+            ("DEBUG",),
+            "log every step and show tracebacks",
+            parse_bool,
+            default=False,
+            switch=True,
+        ),
     ),
-    Option("output", "--output", ("OUTPUT_PATH",), "destination folder", Path),
-    Option(
-        "cache_dir",
-        "--cache-dir",
-        ("CACHE_DIR",),
-        "shared asset store (a ReadWriteMany volume, mounted at the same path in the trainer "
-        "nodes): fetch once into it, then make --output a link to the entry",
-        Path,
-    ),
-    Option(
-        "revision",
-        "--revision",
-        ("REVISION",),
-        "Hub branch, tag or commit (overrides @rev in the URI)",
-    ),
-    Option(
-        "allow_patterns",
-        "--allow-patterns",
-        ("ALLOW_PATTERNS",),
-        "comma-separated globs on the path under --output; only matches are fetched",
-    ),
-    Option(
-        "ignore_patterns",
-        "--ignore-patterns",
-        ("IGNORE_PATTERNS",),
-        "comma-separated globs on the path under --output; matches are skipped",
-    ),
-    Option(
-        "workers",
-        "--workers",
-        ("WORKERS",),
-        "parallel requests (default 16; files up to 1 MiB: 3x as many, and 4x, at most 32 a "
-        "process, from S3 and the Hub)",
-        _positive_int,
-    ),
-    Option(
-        "shards",
-        "--shards",
-        ("SHARDS",),
-        "pods sharing this fetch (an Indexed Job's parallelism); each fetches its share of the "
-        "files into the same --output (a ReadWriteMany volume)",
-        _positive_int,
-    ),
-    Option(
-        "shard_index",
-        "--shard-index",
-        ("SHARD_INDEX", "JOB_COMPLETION_INDEX"),
-        "this pod's share, 0 to SHARDS-1 (Kubernetes sets JOB_COMPLETION_INDEX)",
-        _non_negative_int,
-    ),
-    Option(
-        "shard_run",
-        None,
-        ("SHARD_RUN",),
-        "one run of a sharded fetch (the runtimes set the Job's UID): a new run replaces the "
-        "plan an earlier, failed run left",
-    ),
-    Option(
-        "endpoint",
-        "--endpoint",
-        ("ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
-        "S3-compatible endpoint URL (MinIO, R2, Ceph, ...)",
-    ),
-    Option("hf_endpoint", None, ("HF_ENDPOINT",), "Hugging Face Hub endpoint or mirror"),
-    Option(
-        "region",
-        "--region",
-        ("REGION", "AWS_REGION", "AWS_DEFAULT_REGION"),
-        "S3 region; 'auto' asks the bucket (default auto)",
-    ),
-    Option(
-        "role_arn", "--role-arn", ("ROLE_ARN",), "IAM role to assume through STS before fetching"
-    ),
-    Option(
-        "anonymous",
-        "--anonymous",
-        ("ANONYMOUS",),
-        "unsigned requests (public S3 and GCS buckets)",
-        _bool,
-        is_switch=True,
-    ),
-    Option("access_key_id", None, ("ACCESS_KEY_ID", "AWS_ACCESS_KEY_ID"), "S3 access key id"),
-    Option(
-        "secret_access_key", None, ("SECRET_ACCESS_KEY", "AWS_SECRET_ACCESS_KEY"), "S3 secret key"
-    ),
-    Option(
-        "secret_access_key_file",
-        "--secret-access-key-file",
-        ("SECRET_ACCESS_KEY_FILE",),
-        "file holding the S3 secret key",
-        Path,
-    ),
-    Option("session_token", None, ("SESSION_TOKEN", "AWS_SESSION_TOKEN"), "S3 session token"),
-    Option("token", None, ("ACCESS_TOKEN", "HF_TOKEN"), "Hugging Face token"),
-    Option(
-        "gcs_key_json",
-        None,
-        ("GOOGLE_APPLICATION_CREDENTIALS_JSON",),
-        "a GCS service account key's JSON itself (e.g. from a secretRef); "
-        "GOOGLE_APPLICATION_CREDENTIALS names a key file",
-    ),
-    Option(
-        "azure_account",
-        None,
-        ("AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT"),
-        "Azure storage account of az:// URIs",
-    ),
-    Option(
-        "azure_key",
-        None,
-        ("AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_ACCESS_KEY", "AZURE_STORAGE_KEY"),
-        "Azure storage account key",
-    ),
-    Option("azure_sas", None, ("AZURE_STORAGE_SAS_TOKEN",), "Azure SAS token"),
-    Option(
-        "azure_connection_string",
-        None,
-        ("AZURE_STORAGE_CONNECTION_STRING",),
-        "Azure storage connection string (account, key or SAS, endpoint)",
-    ),
-    Option(
-        "azure_client_id",
-        None,
-        ("AZURE_CLIENT_ID", "AZ_CLIENT_ID"),
-        "Azure service principal or workload identity client id",
-    ),
-    Option("azure_tenant_id", None, ("AZURE_TENANT_ID", "AZ_TENANT_ID"), "Azure tenant id"),
-    Option(
-        "azure_client_secret",
-        None,
-        ("AZURE_CLIENT_SECRET", "AZ_CLIENT_SECRET"),
-        "Azure service principal secret",
-    ),
-    Option(
-        "azure_federated_token_file",
-        None,
-        ("AZURE_FEDERATED_TOKEN_FILE",),
-        "AKS workload identity token file",
-        Path,
-    ),
-    Option(
-        "azure_authority",
-        None,
-        ("AZURE_AUTHORITY_HOST",),
-        "Microsoft Entra authority (default https://login.microsoftonline.com)",
-    ),
-    Option(
-        "http_headers",
-        None,
-        ("HTTP_HEADERS",),
-        "JSON object of request headers for http(s):// URIs, e.g. an Authorization header "
-        "(never logged; not sent on to another host after a redirect)",
-        _headers,
-    ),
-    Option(
-        "token_file",
-        "--token-file",
-        ("ACCESS_TOKEN_FILE", "HF_TOKEN_PATH"),
-        "file holding the Hugging Face token",
-        Path,
-    ),
-    Option(
-        "ca_bundle",
-        "--ca-bundle",
-        ("AWS_CA_BUNDLE", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE"),
-        "PEM bundle of trusted CAs for HTTPS endpoints",
-    ),
-    Option(
-        "log_format", "--log-format", ("LOG_FORMAT",), "text or json (default text)", _log_format
-    ),
-    Option(
-        "progress_interval",
-        "--progress-interval",
-        ("PROGRESS_INTERVAL",),
-        "seconds between progress lines (default 5)",
-        _positive_float,
-    ),
-    Option(
-        "timeout",
-        "--timeout",
-        ("TIMEOUT",),
-        "seconds a request may stall before it is retried (default 60)",
-        _positive_float,
-    ),
-    Option(
-        "retries",
-        "--retries",
-        ("RETRIES",),
-        "attempts in a row per request on transient errors, within 5 minutes; an attempt that got "
-        "1 MiB further starts the count again (default 8)",
-        _positive_int,
-    ),
-    Option(
-        "termination_log",
-        "--termination-log",
-        ("TERMINATION_LOG",),
-        "where the one-line failure reason goes (default /dev/termination-log)",
-        Path,
-    ),
-    Option(
-        "debug", "--debug", ("DEBUG",), "log every step and show tracebacks", _bool, is_switch=True
-    ),
+    library_env=(("HTTPS_PROXY, HTTP_PROXY, NO_PROXY", "HTTP(S) proxy for every source"),),
 )
+
+
+def all_groups() -> list[OptionGroup]:
+    """The common options, then each scheme's own."""
+    return [COMMON, *option_groups()]
+
+
+class Settings(Values):
+    """Everything one initializer run was given; built once by :func:`load_settings`."""
+
+    def for_source(self, own: OptionGroup | None, retry: RetryPolicy) -> SourceSettings:
+        """What a source may see: the common options, its own, the run's retry policy and the
+        engine's connection count; never another source's credentials."""
+        names = {o.dest for o in COMMON.rows} | {o.dest for o in (own.rows if own else ())}
+        names |= {"kind", "patterns_are_default", "fallback_weights"}
+        values = {name: value for name, value in self.items() if name in names}
+        secret = (name for name in self._secret if name in names)
+        return SourceSettings(values, secret, retry, connections_for(self["workers"]))
+
+    def retry_policy(self, stop: threading.Event | None = None) -> RetryPolicy:
+        """The run's one retry policy; its backoff sleeps end early once ``stop`` is set."""
+        return RetryPolicy(attempts=self["retries"], sleep=stop.wait if stop else time.sleep)
 
 
 class _ArgumentParser(argparse.ArgumentParser):
@@ -408,23 +228,16 @@ class _ArgumentParser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see --help)")
 
 
-# Read by the libraries behind a source rather than by Settings, listed in --help all the same.
-_LIBRARY_ENV = (
-    (
-        "GOOGLE_APPLICATION_CREDENTIALS",
-        "GCS service account key file (Application Default Credentials)",
-    ),
-    (
-        "STORAGE_EMULATOR_HOST",
-        "GCS emulator address (fake-gcs-server); anonymous unless a key is given",
-    ),
-    ("HTTPS_PROXY, HTTP_PROXY, NO_PROXY", "HTTP(S) proxy for every source"),
-)
-
-
-def _environment_only_help() -> str:
+def _environment_only_help(groups: list[OptionGroup]) -> str:
     """The settings that have no flag (credentials, endpoints), wrapped for a terminal."""
-    rows = [(", ".join(o.env), o.help) for o in OPTIONS if o.flag is None] + list(_LIBRARY_ENV)
+    rows = []
+    for group in groups:
+        for option in group.rows:
+            if option.flag is None:
+                shown = option.default_text()
+                note = f" (default: {shown})" if shown and option.default is None else ""
+                rows.append((", ".join(option.env), option.help + note))
+    rows += [row for group in groups for row in group.library_env]
     lines = ["environment only:"]
     for names, text in rows:
         lines.append(f"  {names}")
@@ -432,7 +245,17 @@ def _environment_only_help() -> str:
     return "\n".join(lines)
 
 
+def asset_defaults_shown(defaults: AssetDefaults) -> dict[str, str]:
+    """How ``--help`` shows the defaults that differ between the dataset and the model."""
+    return {
+        "output": str(defaults.output),
+        "allow_patterns": ",".join(defaults.allow_patterns) or "everything",
+        "ignore_patterns": ",".join(defaults.ignore_patterns) or "nothing",
+    }
+
+
 def build_parser(defaults: AssetDefaults) -> argparse.ArgumentParser:
+    groups = all_groups()
     parser = _ArgumentParser(
         prog=f"{defaults.kind}-initializer",
         allow_abbrev=False,  # "--token x" must not silently mean "--token-file x"
@@ -443,7 +266,7 @@ def build_parser(defaults: AssetDefaults) -> argparse.ArgumentParser:
             "flag can also be set by the environment variable shown; flags win.",
             80,
         ),
-        epilog=_environment_only_help()
+        epilog=_environment_only_help(groups)
         + "\n\n"
         + textwrap.fill(
             "Secrets (keys, tokens, SAS, connection strings, client secrets, HTTP headers) are "
@@ -454,85 +277,21 @@ def build_parser(defaults: AssetDefaults) -> argparse.ArgumentParser:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    asset_defaults = {
-        "output": str(defaults.output),
-        "allow_patterns": ",".join(defaults.allow_patterns) or "everything",
-        "ignore_patterns": ",".join(defaults.ignore_patterns) or "nothing",
-    }
-    for option in OPTIONS:
-        if option.flag is None:
-            continue
-        env_note = f" [env: {', '.join(option.env)}]"
-        if option.dest in asset_defaults:
-            env_note = f" (default: {asset_defaults[option.dest]})" + env_note
-        if option.is_switch:
-            parser.add_argument(
-                option.flag,
-                dest=option.dest,
-                action="store_true",
-                default=None,
-                help=option.help + env_note,
-            )
-        else:
-            parser.add_argument(
-                option.flag,
-                dest=option.dest,
-                default=None,
-                help=option.help + env_note,
-            )
+    shown = asset_defaults_shown(defaults)
+    for group in groups:
+        add_flags(parser, group.rows, shown)
     return parser
-
-
-def _read_secret_file(path: Path, what: str) -> str:
-    try:
-        value = path.read_text().strip()
-    except OSError as exc:
-        raise UsageError(f"cannot read the {what} file {path}: {exc.strerror}") from None
-    if not value:
-        raise UsageError(f"the {what} file {path} is empty")
-    return value
-
-
-def _resolve(option: Option, flags: argparse.Namespace, env: Mapping[str, str]) -> Any:
-    """Flag value if given, else the first non-empty env var, parsed; None when unset."""
-    raw: Any = getattr(flags, option.dest, None)
-    source = option.flag
-    if raw is True:  # a switch given on the command line
-        return True
-    if raw is None:
-        for name in option.env:
-            if env.get(name, "").strip():
-                raw, source = env[name].strip(), name
-                break
-    if raw is None:
-        return None
-    try:
-        return option.parse(raw)
-    except ValueError as exc:
-        secret = option.dest in (
-            "secret_access_key",
-            "token",
-            "session_token",
-            "http_headers",
-            "gcs_key_json",
-            "azure_key",
-            "azure_sas",
-            "azure_connection_string",
-            "azure_client_secret",
-        )
-        shown = "…" if secret else raw
-        raise UsageError(f"invalid {source}={shown!r}: {exc}") from None
 
 
 def termination_log_for_bad_settings(argv: list[str] | None, env: Mapping[str, str]) -> Path:
     """Where to report a failure of :func:`load_settings` itself: the --termination-log flag or
     TERMINATION_LOG if given (read tolerantly, ignoring everything else), else the default."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    option = next(o for o in OPTIONS if o.dest == "termination_log")
+    option = next(o for o in COMMON.rows if o.dest == "termination_log")
     parser.add_argument(option.flag, dest=option.dest, default=None)  # type: ignore[arg-type]
     known, _ = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     try:
-        return _resolve(option, known, env) or DEFAULT_TERMINATION_LOG
+        return resolve(option, known, env)
     except UsageError:
         return DEFAULT_TERMINATION_LOG
 
@@ -543,8 +302,28 @@ def load_settings(
     """Parse flags and environment into :class:`Settings`, or raise UsageError."""
     env = os.environ if env is None else env
     flags = build_parser(defaults).parse_args(argv)
-    values = {option.dest: _resolve(option, flags, env) for option in OPTIONS}
+    groups = all_groups()
+    values = {o.dest: resolve(o, flags, env) for group in groups for o in group.rows}
+    _check_common(values)
+    for group in groups:
+        if group.finish is not None:
+            group.finish(values)
+    allow, ignore = values["allow_patterns"], values["ignore_patterns"]
+    values.update(
+        kind=defaults.kind,
+        output=values["output"] or defaults.output,
+        allow_patterns=parse_patterns(allow, "allow") if allow else defaults.allow_patterns,
+        ignore_patterns=parse_patterns(ignore, "ignore") if ignore else defaults.ignore_patterns,
+        patterns_are_default=not allow
+        and (not ignore or parse_patterns(ignore, "ignore") == defaults.ignore_patterns),
+        fallback_weights=defaults.fallback_weights,
+    )
+    secret = [o.dest for group in groups for o in group.rows if o.secret]
+    return Settings(values, secret)
 
+
+def _check_common(values: dict[str, Any]) -> None:
+    """The storage URI is given and not absurd; a shard knows its index."""
     uri = values["storage_uri"]
     if not uri:
         raise UsageError(
@@ -553,64 +332,14 @@ def load_settings(
         )
     if len(uri) > MAX_URI_LENGTH:
         raise UsageError(f"the storage URI is {len(uri)} characters; at most {MAX_URI_LENGTH}")
-
-    secret_file = values.pop("secret_access_key_file")
-    if secret_file is not None:
-        values["secret_access_key"] = _read_secret_file(secret_file, "secret access key")
-    token_file = values.pop("token_file")
-    if token_file is not None and not values["token"]:
-        values["token"] = _read_secret_file(token_file, "token")
-    if bool(values["access_key_id"]) != bool(values["secret_access_key"]):
-        raise UsageError(
-            "set both ACCESS_KEY_ID and SECRET_ACCESS_KEY (or neither, to use the "
-            "AWS credential chain)"
-        )
-    if values["anonymous"] and (values["access_key_id"] or values["role_arn"]):
-        raise UsageError("--anonymous cannot be combined with access keys or --role-arn")
-
-    shards, shard_index = values["shards"] or 1, values["shard_index"]
-    if values["shards"] and shard_index is None:
+    shards, shard_index = values["shards"], values["shard_index"]
+    if shards and shard_index is None:
         raise UsageError(
             "--shards needs this pod's index: --shard-index or JOB_COMPLETION_INDEX "
             "(Kubernetes sets it in an Indexed Job)"
         )
+    shards = shards or 1
     if shards > 1 and shard_index >= shards:
         raise UsageError(f"shard index {shard_index} is not below SHARDS={shards}")
-
-    allow = values["allow_patterns"]
-    ignore = values["ignore_patterns"]
-    return Settings(
-        kind=defaults.kind,
-        storage_uri=uri,
-        output=values["output"] or defaults.output,
-        revision=values["revision"],
-        allow_patterns=parse_patterns(allow, "allow") if allow else defaults.allow_patterns,
-        ignore_patterns=parse_patterns(ignore, "ignore") if ignore else defaults.ignore_patterns,
-        patterns_are_default=not allow
-        and (not ignore or parse_patterns(ignore, "ignore") == defaults.ignore_patterns),
-        fallback_weights=defaults.fallback_weights,
-        workers=values["workers"] or 16,
-        endpoint=values["endpoint"],
-        hf_endpoint=values["hf_endpoint"],
-        region=values["region"] or "auto",
-        role_arn=values["role_arn"],
-        anonymous=bool(values["anonymous"]),
-        access_key_id=values["access_key_id"],
-        secret_access_key=values["secret_access_key"],
-        session_token=values["session_token"],
-        token=values["token"],
-        http_headers=values["http_headers"] or (),
-        gcs_key_json=values["gcs_key_json"],
-        **{name: values[name] for name in _AZURE_FIELDS},
-        ca_bundle=values["ca_bundle"],
-        cache_dir=values["cache_dir"],
-        shards=shards,
-        shard_index=(shard_index or 0) if shards > 1 else 0,
-        shard_run=values["shard_run"] or "",
-        log_format=values["log_format"] or "text",
-        progress_interval=values["progress_interval"] or 5.0,
-        timeout=values["timeout"] or 60.0,
-        retries=values["retries"] or 8,
-        termination_log=values["termination_log"] or DEFAULT_TERMINATION_LOG,
-        debug=bool(values["debug"]),
-    )
+    values["shards"] = shards
+    values["shard_index"] = (shard_index or 0) if shards > 1 else 0

@@ -29,20 +29,26 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from initializers import native, processes
 from initializers.commits import GroupCommit
-from initializers.config import SMALL_IN_FLIGHT
 from initializers.destination import FileLock, destination_lock, inside, storage_error
 from initializers.errors import InitializerError, Interrupted, LocalStorageError, TransientError
 from initializers.fetching import Cancelled, FileFetcher
 from initializers.filejob import FileJob, interleaved
 from initializers.fsutil import fsync_dir, make_room_for
 from initializers.heap import collection_paused, kept_until_the_end
+from initializers.inflight import (
+    LOOP_PER_WORKER,
+    MAX_BODIES_IN_FLIGHT,
+    MIB,
+    SMALL_BODY,
+    SMALL_IN_FLIGHT,
+)
 from initializers.journal import CommitLog
 from initializers.manifest import (
     FileRecord,
@@ -61,19 +67,6 @@ from initializers.sources.base import RemoteFile, Source
 from initializers.wholefiles import fetch_whole_files
 
 log = logging.getLogger(__name__)
-
-MIB = 1 << 20
-SMALL_BODY = MIB  # a range this small runs on the small files' pool (SMALL_IN_FLIGHT)
-# Small files in flight on a process's native loop: LOOP_PER_WORKER a worker (they cost no
-# thread), at most MAX_BODIES_IN_FLIGHT. Each costs ~0.5-1 MiB of the client's buffers, not its
-# body, which is streamed. Paired rounds with 20 ms before every first byte, two processes (the
-# default 16 workers): on the S3 dataset 24 a process were 1.22x (1.19-1.24) faster than 12 and
-# 48 1.10x (1.02-1.18) faster than 24; on the Hub dataset 48 were 1.06x (1.00-1.12) faster
-# than 32 but peaked at 190-199 MiB (32: 158-173), too close to the 200 MiB target. At 37eb981,
-# 64 a process took the same time on both datasets with 20 ms (2 pairs each) for 70-80 MiB more:
-# there, too, the CPU binds before the requests in flight do.
-LOOP_PER_WORKER = 4
-MAX_BODIES_IN_FLIGHT = 32
 
 
 @dataclass
@@ -130,8 +123,8 @@ class Engine:
         self._record = share.record if share else manifest_path(dest)
         self.workers = workers
         self.stop = stop or threading.Event()
-        # Backoff sleeps end early on SIGTERM, so a stop never waits out a long backoff.
-        self.retry = replace(retry or RetryPolicy(), sleep=self.stop.wait)
+        # The run's policy, whose backoff sleeps end early on SIGTERM; or one of the same kind.
+        self.retry = retry or RetryPolicy(sleep=self.stop.wait)
         self.label = label
         self.progress_interval = progress_interval
         self._commits = CommitLog(dest, share.commit_log_name) if share else CommitLog(dest)

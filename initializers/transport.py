@@ -16,6 +16,7 @@ import ssl
 import threading
 import urllib.request
 from collections.abc import Collection, Iterator, Mapping
+from typing import Protocol
 from urllib.parse import urlsplit
 
 import urllib3
@@ -29,7 +30,6 @@ from urllib3.exceptions import (
 )
 from urllib3.exceptions import TimeoutError as Urllib3Timeout
 
-from initializers.config import SMALL_IN_FLIGHT, Settings
 from initializers.errors import (
     InitializerError,
     IntegrityError,
@@ -119,6 +119,14 @@ def interrupt_reads() -> None:
         _cut(sock)
 
 
+class PoolSettings(Protocol):
+    """What sizes a transport: the connections the engine keeps in flight, and the options."""
+
+    connections: int
+    timeout: float
+    ca_bundle: str | None
+
+
 class HttpTransport:
     """A pool of keep-alive connections (through the environment's proxy when one is set)."""
 
@@ -147,13 +155,11 @@ class HttpTransport:
         )
 
     @classmethod
-    def for_settings(cls, settings: Settings) -> HttpTransport:
+    def for_settings(cls, settings: PoolSettings) -> HttpTransport:
         """A transport that keeps a connection for every request the engine may have in flight
-        (small files: :data:`~initializers.config.SMALL_IN_FLIGHT` per worker). A smaller pool
-        opened connections that served one request each, then logged "Connection pool is full,
-        discarding connection" as it closed them."""
+        (:func:`initializers.inflight.connections_for`)."""
         return cls(
-            connections=settings.workers * SMALL_IN_FLIGHT,
+            connections=settings.connections,
             timeout=settings.timeout,
             ca_bundle=settings.ca_bundle,
         )

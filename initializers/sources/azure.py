@@ -21,10 +21,9 @@ from dataclasses import dataclass
 from typing import Protocol, Self
 from urllib.parse import quote, urlencode, urlsplit
 
-from initializers.config import Settings
 from initializers.errors import AuthError, NotFoundError, TransientError, UsageError
 from initializers.httpstatus import range_value, status_error
-from initializers.retry import RetryPolicy
+from initializers.options import SourceSettings
 from initializers.sources.azauth import API_VERSION, EntraToken, SharedKey
 from initializers.sources.base import Checksum, Listing, RemoteFile, Source
 from initializers.sources.prefix import Entry, list_prefix, split_location
@@ -73,8 +72,8 @@ class AzureLocation:
 class AzureSource(Source):
     """Blobs under ``az://container/prefix`` (on a ``/`` boundary), or one blob."""
 
-    def __init__(self, location: AzureLocation, settings: Settings) -> None:
-        self.retry = RetryPolicy(attempts=settings.retries)
+    def __init__(self, location: AzureLocation, settings: SourceSettings) -> None:
+        self.retry = settings.retry
         self._transport = HttpTransport.for_settings(settings)
         connection = _parse_connection_string(settings.azure_connection_string)
         account = location.account or connection.get("accountname") or settings.azure_account
@@ -92,7 +91,7 @@ class AzureSource(Source):
         self._signer, self._sas = _credentials(settings, connection, account, self._transport)
 
     @classmethod
-    def from_settings(cls, location: str, settings: Settings) -> Self:
+    def from_settings(cls, location: str, settings: SourceSettings) -> Self:
         uri = settings.storage_uri if "://" in settings.storage_uri else f"az://{location}"
         return cls(AzureLocation.parse(uri), settings)
 
@@ -253,7 +252,7 @@ def _parse_connection_string(text: str | None) -> dict[str, str]:
 
 
 def _credentials(
-    settings: Settings, connection: Mapping[str, str], account: str, transport: HttpTransport
+    settings: SourceSettings, connection: Mapping[str, str], account: str, transport: HttpTransport
 ) -> tuple[Signer | None, str]:
     """(request signer or None, SAS query string or "") for the first credential found."""
     if settings.anonymous:

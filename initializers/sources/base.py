@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Self
 from initializers.streams import RangeReader
 
 if TYPE_CHECKING:
-    from initializers.config import Settings
     from initializers.native import Streamed
+    from initializers.options import SourceSettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +61,7 @@ class Source(ABC):
 
     @classmethod
     @abstractmethod
-    def from_settings(cls, location: str, settings: Settings) -> Self:
+    def from_settings(cls, location: str, settings: SourceSettings) -> Self:
         """Build the source for ``scheme://location``; raise UsageError for a bad location."""
 
     @abstractmethod

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import threading
 from collections.abc import Iterator, Mapping
@@ -35,10 +34,9 @@ import google.auth.transport
 import urllib3
 
 from initializers import checksum as checksums
-from initializers.config import Settings
 from initializers.errors import AuthError, NotFoundError, TransientError, UsageError
 from initializers.httpstatus import status_error
-from initializers.retry import RetryPolicy
+from initializers.options import SourceSettings
 from initializers.sources.base import Checksum, Listing, RemoteFile, Source
 from initializers.sources.prefix import Entry, list_prefix, split_location
 from initializers.streams import RangeReader
@@ -67,11 +65,11 @@ class GcsLocation:
 class GcsSource(Source):
     """Objects under ``gs://bucket/prefix`` (on a ``/`` boundary), or one object."""
 
-    def __init__(self, location: GcsLocation, settings: Settings) -> None:
+    def __init__(self, location: GcsLocation, settings: SourceSettings) -> None:
         self.location = location
-        self.retry = RetryPolicy(attempts=settings.retries)
+        self.retry = settings.retry
         self._transport = HttpTransport.for_settings(settings)
-        emulator = os.environ.get("STORAGE_EMULATOR_HOST", "").strip().rstrip("/")
+        emulator = (settings.gcs_emulator or "").rstrip("/")
         if emulator and "://" not in emulator:
             emulator = "http://" + emulator
         self._api = emulator or API
@@ -79,7 +77,7 @@ class GcsSource(Source):
         self._token_lock = threading.Lock()
 
     @classmethod
-    def from_settings(cls, location: str, settings: Settings) -> Self:
+    def from_settings(cls, location: str, settings: SourceSettings) -> Self:
         return cls(GcsLocation.parse(location), settings)
 
     def describe(self) -> str:
@@ -200,7 +198,7 @@ def _checksum(obj: Mapping[str, Any]) -> Checksum | None:
 
 
 def _credentials(
-    settings: Settings, transport: HttpTransport, emulated: bool
+    settings: SourceSettings, transport: HttpTransport, emulated: bool
 ) -> google.auth.credentials.Credentials | None:
     """The caller's credentials: None means anonymous requests."""
     if settings.anonymous:
@@ -215,7 +213,7 @@ def _credentials(
                 ) from None
             credentials, _ = google.auth.load_credentials_from_dict(info, scopes=[SCOPE])
             return credentials
-        if emulated and not os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"):
+        if emulated and not settings.gcs_key_file:
             return None  # an emulator takes anonymous requests, as Google's libraries assume
         credentials, _ = google.auth.default(scopes=[SCOPE], request=_AuthRequest(transport))
         return credentials

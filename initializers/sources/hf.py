@@ -34,7 +34,6 @@ from huggingface_hub.hf_api import RepoFile, RepoFolder
 from huggingface_hub.utils import parse_hf_uri
 
 from initializers import __version__
-from initializers.config import Settings
 from initializers.errors import (
     AuthError,
     NotFoundError,
@@ -46,7 +45,7 @@ from initializers.errors import (
 from initializers.fsutil import UnsafePathError, safe_relpath
 from initializers.httpstatus import check_status
 from initializers.native import WHOLE_BODY, NativeHttp, NativeRefused, Streamed, read_roots
-from initializers.retry import RetryPolicy
+from initializers.options import SourceSettings
 from initializers.sources.base import Checksum, Listing, RemoteFile, Source
 from initializers.streams import RangeReader
 from initializers.transport import CONNECT_TIMEOUT, HttpTransport
@@ -122,7 +121,7 @@ def _tls_failed(exc: BaseException) -> bool:
 class HfSource(Source):
     """Files of one Hub repo at one commit, optionally under one folder or a single file."""
 
-    def __init__(self, location: str, settings: Settings, retry: RetryPolicy | None = None):
+    def __init__(self, location: str, settings: SourceSettings):
         try:
             uri = parse_hf_uri(f"hf://{location}")
         except HfUriError as exc:
@@ -142,7 +141,7 @@ class HfSource(Source):
         self.revision = settings.revision or uri.revision or "main"
         self.path = uri.path_in_repo.strip("/")
         self.settings = settings
-        self.retry = retry or RetryPolicy(attempts=settings.retries)
+        self.retry = settings.retry
         self.endpoint = (settings.hf_endpoint or DEFAULT_ENDPOINT).rstrip("/")
         parts = urlsplit(self.endpoint)
         if parts.scheme not in ("http", "https") or not parts.netloc:
@@ -170,7 +169,7 @@ class HfSource(Source):
         self._gated = False
 
     @classmethod
-    def from_settings(cls, location: str, settings: Settings) -> Self:
+    def from_settings(cls, location: str, settings: SourceSettings) -> Self:
         return cls(location, settings)
 
     def describe(self) -> str:

@@ -25,9 +25,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Self
 
-from initializers.config import Settings
 from initializers.errors import AuthError, IntegrityError, NotFoundError, UsageError
 from initializers.fsutil import JOURNAL_SUFFIX, PART_SUFFIX, UnsafePathError, safe_relpath
+from initializers.options import SourceSettings
 from initializers.sources.base import Listing, RemoteFile, Source
 from initializers.streams import RangeReader
 
@@ -46,7 +46,7 @@ class LocalSource(Source):
         self.root = root
 
     @classmethod
-    def from_settings(cls, location: str, settings: Settings) -> Self:
+    def from_settings(cls, location: str, settings: SourceSettings) -> Self:
         if not location.startswith("/"):
             raise UsageError(
                 f"file://{location}: the path must be absolute, as in file:///mnt/models/llama"

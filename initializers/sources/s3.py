@@ -21,10 +21,9 @@ from typing import Any, Protocol, Self
 from urllib.parse import quote, urlsplit
 
 from initializers import checksum as checksums
-from initializers.config import Settings
 from initializers.errors import NotFoundError, UsageError
 from initializers.native import NativeHttp, Streamed, read_roots
-from initializers.retry import RetryPolicy
+from initializers.options import SourceSettings
 from initializers.sources import s3rest
 from initializers.sources.base import Checksum, Listing, RemoteFile, Source
 from initializers.sources.prefix import Entry, list_prefix, split_location
@@ -82,12 +81,10 @@ class S3Location:
 class S3Source(Source):
     """Objects under ``s3://bucket/prefix`` (on a ``/`` boundary), or one object."""
 
-    def __init__(
-        self, location: S3Location, settings: Settings, retry: RetryPolicy | None = None
-    ) -> None:
+    def __init__(self, location: S3Location, settings: SourceSettings) -> None:
         self.location = location
         self.settings = settings
-        self.retry = retry or RetryPolicy(attempts=settings.retries)
+        self.retry = settings.retry
         self._transport = HttpTransport.for_settings(settings)
         self._plane = self._control_plane()
         credentials = self._plane.credentials
@@ -104,7 +101,7 @@ class S3Source(Source):
         self._with_additional: set[str] = set()  # keys listed with an additional checksum
 
     @classmethod
-    def from_settings(cls, location: str, settings: Settings) -> Self:
+    def from_settings(cls, location: str, settings: SourceSettings) -> Self:
         return cls(S3Location.parse(location), settings)
 
     def describe(self) -> str:

@@ -23,8 +23,8 @@ from botocore.credentials import (
 )
 from botocore.parsers import ResponseParserFactory
 
-from initializers.config import Settings
 from initializers.errors import AuthError, NotFoundError, TransientError, UsageError, tls_refused
+from initializers.options import SourceSettings
 from initializers.retry import RetryPolicy
 from initializers.sources.s3errors import s3_error
 
@@ -34,7 +34,9 @@ log = logging.getLogger(__name__)
 class BotocorePlane:
     """Listing, HEAD, credentials, region and the bucket's URL, from a botocore client."""
 
-    def __init__(self, bucket: str, where: str, settings: Settings, retry: RetryPolicy) -> None:
+    def __init__(
+        self, bucket: str, where: str, settings: SourceSettings, retry: RetryPolicy
+    ) -> None:
         self.bucket = bucket
         self.where = where
         self.settings = settings
@@ -169,7 +171,7 @@ class BotocorePlane:
             raise UsageError(f"{where}: {exc}") from None
 
 
-def _make_session(settings: Settings) -> botocore.session.Session:
+def _make_session(settings: SourceSettings) -> botocore.session.Session:
     """A session with the configured keys (or the default chain), assuming ROLE_ARN if set.
 
     The assumed role's credentials refresh themselves before they expire, so a fetch longer

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote_plus, urlencode, urlsplit
 
-from initializers.config import Settings
 from initializers.errors import NotFoundError, TransientError, UsageError
+from initializers.options import SourceSettings
 from initializers.retry import RetryPolicy
 from initializers.sources.s3errors import host_header, s3_error
 from initializers.sources.s3sign import S3HeaderSigner
@@ -37,7 +37,7 @@ _HEADER_FIELDS = {  # HeadObject's response headers, in botocore's output keys
 }
 
 
-def serves(settings: Settings) -> bool:
+def serves(settings: SourceSettings) -> bool:
     """True when these settings need nothing of botocore: an endpoint, and static keys or none."""
     static = bool(settings.access_key_id and settings.secret_access_key)
     return bool(settings.endpoint) and not settings.role_arn and (settings.anonymous or static)
@@ -62,7 +62,7 @@ class RestPlane:
         self,
         bucket: str,
         where: str,
-        settings: Settings,
+        settings: SourceSettings,
         retry: RetryPolicy,
         transport: HttpTransport,
     ) -> None:

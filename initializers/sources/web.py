@@ -34,10 +34,9 @@ from typing import Self
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from initializers import checksum as checksums
-from initializers.config import Settings
 from initializers.errors import InitializerError, IntegrityError, UsageError
 from initializers.fsutil import UnsafePathError, safe_relpath
-from initializers.retry import RetryPolicy
+from initializers.options import SourceSettings
 from initializers.sources.base import Checksum, Listing, RemoteFile, Source
 from initializers.streams import RangeReader
 from initializers.transport import HttpTransport
@@ -68,7 +67,7 @@ class WebSource(Source):
 
     unpacks_archives = True
 
-    def __init__(self, url: str, settings: Settings, retry: RetryPolicy | None = None) -> None:
+    def __init__(self, url: str, settings: SourceSettings) -> None:
         parts = urlsplit(url)
         if not parts.hostname:
             raise UsageError(
@@ -86,12 +85,12 @@ class WebSource(Source):
                 f"{self._shown} does not end with a file name; give the URL of one file "
                 "(an archive is unpacked)"
             ) from None
-        self.retry = retry or RetryPolicy(attempts=settings.retries)
+        self.retry = settings.retry
         self._headers = dict(settings.http_headers)
         self._transport = HttpTransport.for_settings(settings)
 
     @classmethod
-    def from_settings(cls, location: str, settings: Settings) -> Self:
+    def from_settings(cls, location: str, settings: SourceSettings) -> Self:
         scheme = settings.storage_uri.split(":", 1)[0].lower()
         return cls(f"{scheme}://{location}", settings)
 

@@ -1,0 +1,81 @@
+"""The options only the s3:// source receives: its endpoint, region, keys and role."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from initializers.errors import UsageError
+from initializers.options import Option, OptionGroup, read_secret_file
+
+
+def _finish(values: dict[str, Any]) -> None:
+    secret_file = values.pop("secret_access_key_file")
+    if secret_file is not None:
+        values["secret_access_key"] = read_secret_file(secret_file, "secret access key")
+    if bool(values["access_key_id"]) != bool(values["secret_access_key"]):
+        raise UsageError(
+            "set both ACCESS_KEY_ID and SECRET_ACCESS_KEY (or neither, to use the "
+            "AWS credential chain)"
+        )
+    if values["anonymous"] and (values["access_key_id"] or values["role_arn"]):
+        raise UsageError("--anonymous cannot be combined with access keys or --role-arn")
+
+
+OPTIONS = OptionGroup(
+    "s3",
+    "S3",
+    (
+        Option(
+            "endpoint",
+            "--endpoint",
+            ("ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
+            "S3-compatible endpoint URL (MinIO, R2, Ceph, ...; path-style)",
+            shown="AWS",
+            locates=True,
+        ),
+        Option(
+            "region",
+            "--region",
+            ("REGION", "AWS_REGION", "AWS_DEFAULT_REGION"),
+            "S3 region; 'auto' asks the bucket where it lives",
+            default="auto",
+        ),
+        Option(
+            "role_arn",
+            "--role-arn",
+            ("ROLE_ARN",),
+            "IAM role to assume through STS before fetching (refreshed before it expires)",
+        ),
+        Option(
+            "access_key_id",
+            None,
+            ("ACCESS_KEY_ID", "AWS_ACCESS_KEY_ID"),
+            "S3 access key id",
+            shown="AWS SDK chain",
+        ),
+        Option(
+            "secret_access_key",
+            None,
+            ("SECRET_ACCESS_KEY", "AWS_SECRET_ACCESS_KEY"),
+            "S3 secret key",
+            shown="AWS SDK chain",
+            secret=True,
+        ),
+        Option(
+            "secret_access_key_file",
+            "--secret-access-key-file",
+            ("SECRET_ACCESS_KEY_FILE",),
+            "file holding the S3 secret key",
+            Path,
+        ),
+        Option(
+            "session_token",
+            None,
+            ("SESSION_TOKEN", "AWS_SESSION_TOKEN"),
+            "S3 session token",
+            secret=True,
+        ),
+    ),
+    finish=_finish,
+)

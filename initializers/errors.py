@@ -25,6 +25,32 @@ class ExitCode(IntEnum):
     INTERRUPTED = 143  # SIGTERM/SIGINT: stopped cleanly, rerun resumes
 
 
+# What each code means and what typically causes it: the docs' exit-code tables are made from it.
+EXIT_MEANINGS: dict[ExitCode, tuple[str, str]] = {
+    ExitCode.OK: ("complete", ""),
+    ExitCode.UNEXPECTED: ("unexpected (a bug: please report it with `--debug` output)", ""),
+    ExitCode.USAGE: (
+        "usage or configuration",
+        "bad URI, unknown scheme, bad pattern, conflicting flags",
+    ),
+    ExitCode.AUTH: (
+        "authentication or permission",
+        "no S3 credentials, access denied, gated repo without access",
+    ),
+    ExitCode.NOT_FOUND: (
+        "not found",
+        "bucket, prefix with no objects, repo, revision, path, patterns matching nothing",
+    ),
+    ExitCode.INTEGRITY: ("integrity", "checksum or size mismatch, twice"),
+    ExitCode.LOCAL_STORAGE: (
+        "local storage",
+        "destination not writable, disk full, a symlink planted in the way",
+    ),
+    ExitCode.UNAVAILABLE: ("remote unavailable after retries", "endpoint down, persistent 5xx"),
+    ExitCode.INTERRUPTED: ("stopped by SIGTERM/SIGINT", "rerun to resume"),
+}
+
+
 class InitializerError(Exception):
     """Base of every expected failure; ``exit_code`` says how the process ends."""
 

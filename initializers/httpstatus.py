@@ -14,14 +14,20 @@ from initializers.errors import (
     TransientError,
 )
 
-TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+_PERMANENT_5XX = frozenset({501, 505})  # not implemented, version not supported: never better
+
+
+def is_transient(status: int) -> bool:
+    """The one rule for which HTTP statuses are worth retrying, for every source: a timeout,
+    throttling, and server errors (including a CDN's 52x) but those that cannot get better."""
+    return status in (408, 429) or (status >= 500 and status not in _PERMANENT_5XX)
 
 
 def status_error(status: int, what: str) -> InitializerError | None:
     """The typed error HTTP ``status`` means for ``what``; None for 2xx."""
     if 200 <= status < 300:
         return None
-    if status in TRANSIENT_STATUSES:
+    if is_transient(status):
         return TransientError(f"{what}: HTTP {status}")
     if status in (401, 403):
         return AuthError(

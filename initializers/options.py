@@ -38,8 +38,10 @@ class Option:
 
     def default_text(self) -> str:
         """The default as ``--help`` and the docs show it; "" when there is nothing to show."""
-        if self.shown or self.switch or self.default in (None, "", ()):
+        if self.shown or self.default in (None, "", ()):
             return self.shown
+        if self.switch:
+            return "off"
         value = self.default
         return f"{value:g}" if isinstance(value, float) else str(value)
 
@@ -209,19 +211,17 @@ def add_flags(
 # -- the docs table ---------------------------------------------------------------------------
 
 
-def markdown_table(groups: Iterable[OptionGroup], defaults: Mapping[str, str]) -> str:
-    """Every option of ``groups`` as a markdown table: flag, environment, default, meaning."""
+def markdown_table(group: OptionGroup, defaults: Mapping[str, str]) -> str:
+    """A group's options as a markdown table: flag, environment, default, meaning."""
     lines = ["| flag | environment | default | meaning |", "|---|---|---|---|"]
-    for group in groups:
-        for option in group.rows:
-            flag = f"`{option.flag}`" if option.flag else ""
-            env = ", ".join(f"`{name}`" for name in option.env)
-            shown = defaults.get(option.dest) or option.default_text()
-            owner = f"{group.title}: " if group.owner else ""
-            lines.append(f"| {flag} | {env} | {shown} | {owner}{_cell(option.help)} |")
-        for names, text in group.library_env:
-            env = ", ".join(f"`{name}`" for name in names.split(", "))
-            lines.append(f"| | {env} | | {group.title}: {_cell(text)} (read by the library) |")
+    for option in group.rows:
+        flag = f"`{option.flag}`" if option.flag else ""
+        env = ", ".join(f"`{name}`" for name in option.env)
+        shown = defaults.get(option.dest) or option.default_text()
+        lines.append(f"| {flag} | {env} | {_cell(shown)} | {_cell(option.help)} |")
+    for names, text in group.library_env:
+        env = ", ".join(f"`{name}`" for name in names.split(", "))
+        lines.append(f"| | {env} | | {_cell(text)} (read by the client libraries) |")
     return "\n".join(lines) + "\n"
 
 

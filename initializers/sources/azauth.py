@@ -23,7 +23,7 @@ from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from initializers.errors import AuthError, TransientError, UsageError
-from initializers.httpstatus import TRANSIENT_STATUSES
+from initializers.httpstatus import is_transient
 from initializers.transport import HttpTransport
 
 API_VERSION = "2021-08-06"  # bearer tokens need 2017-11-09 or later
@@ -131,7 +131,7 @@ class EntraToken:
             "Azure credentials",
             body=urlencode(form).encode(),
         )
-        if status in TRANSIENT_STATUSES:
+        if is_transient(status):
             raise TransientError(f"Azure credentials: HTTP {status} from the token endpoint")
         try:
             answer = json.loads(body)

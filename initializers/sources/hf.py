@@ -43,7 +43,7 @@ from initializers.errors import (
     unloadable_ca_bundle,
 )
 from initializers.fsutil import UnsafePathError, safe_relpath
-from initializers.httpstatus import check_status
+from initializers.httpstatus import check_status, is_transient
 from initializers.native import WHOLE_BODY, NativeHttp, NativeRefused, Streamed, read_roots
 from initializers.options import SourceSettings
 from initializers.sources.base import Checksum, Listing, RemoteFile, Source
@@ -361,7 +361,7 @@ class HfSource(Source):
                     f"{where}: access denied (HTTP {status}); check the token "
                     "(ACCESS_TOKEN or HF_TOKEN)"
                 ) from None
-            if status in (408, 429) or status >= 500:
+            if is_transient(status):
                 raise TransientError(f"{where}: the Hub answered HTTP {status}") from None
             raise UsageError(f"{where}: the Hub refused the request (HTTP {status})") from None
         except httpx2.TransportError as exc:

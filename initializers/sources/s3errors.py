@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from urllib.parse import SplitResult
 
 from initializers.errors import AuthError, NotFoundError, TransientError, UsageError
+from initializers.httpstatus import is_transient
 
 _AUTH_CODES = {
     "AccessDenied",
@@ -26,10 +27,6 @@ _TRANSIENT_CODES = {
     "Throttling",
     "ThrottlingException",
     "RequestTimeTooSkewed",
-    "500",
-    "502",
-    "503",
-    "504",
 }
 
 
@@ -37,7 +34,8 @@ def s3_error(
     code: str, status: int, headers: Mapping[str, str], where: str, bucket: str
 ) -> Exception:
     """The typed error an S3 error ``code`` (or, without one, the HTTP ``status``) means."""
-    if code in _TRANSIENT_CODES or status in (429, 500, 502, 503, 504):
+    numeric = int(code) if code.isdigit() else status  # botocore names some errors by status
+    if code in _TRANSIENT_CODES or is_transient(numeric) or is_transient(status):
         return TransientError(f"{where}: S3 said {code or status}")
     if code in ("NoSuchBucket",):
         return NotFoundError(

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import hashlib
 import json
 import logging
@@ -39,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from initializers.destination import FileLock, storage_error
+from initializers.entryhold import ENTRIES
 from initializers.errors import LocalStorageError
 from initializers.fsutil import atomic_write_bytes
 from initializers.manifest import find_problems, read_manifest
@@ -51,7 +51,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ENTRIES = "entries"
 TRASH = ".trash"
 INFO_NAME = ".initializer-cache.json"
 _SLUG_UNSAFE = re.compile(r"[^a-z0-9.]+")
@@ -276,30 +275,6 @@ def to_prune(
             chosen.append(entry)
             kept -= entry.size
     return chosen
-
-
-def hold_for_training(folder: Path) -> int | None:
-    """When ``folder`` links to a cache entry: a shared lock on the entry's readers file, on a
-    file descriptor that survives ``exec``, so prune leaves the entry alone while the training
-    (the process the launcher shim becomes) runs. None for a plain folder."""
-    if not folder.is_symlink():
-        return None
-    entry = Path(os.path.realpath(folder))
-    readers = entry.parent / f"{entry.name}.readers"
-    if entry.parent.name != ENTRIES or not readers.is_file():
-        return None
-    try:
-        fd = os.open(readers, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH)  # prune holds it alone only while it moves an entry away
-    except OSError as exc:  # a filesystem without locks: hold nothing, say so
-        log.warning("cannot hold %s (%s): prune may remove it meanwhile", entry, exc.strerror)
-        os.close(fd)
-        return None
-    os.set_inheritable(fd, True)
-    return fd
 
 
 def disk_usage(folder: Path) -> int:

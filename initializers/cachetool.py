@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 import time
 from pathlib import Path
 
 from initializers.cache import AssetCache, EntryInfo, to_prune
+from initializers.environment import variables
 from initializers.errors import ExitCode, InitializerError, UsageError
 from initializers.progress import human_bytes
 
@@ -49,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--cache-dir",
         type=Path,
-        default=os.environ.get("CACHE_DIR") or None,
+        default=variables().get("CACHE_DIR") or None,
         help="the cache folder [env: CACHE_DIR]",
     )
     commands = parser.add_subparsers(dest="command", required=True)

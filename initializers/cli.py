@@ -28,7 +28,6 @@ from initializers.cache import (
     prove_read_access,
 )
 from initializers.config import (
-    DEFAULT_TERMINATION_LOG,
     AssetDefaults,
     Settings,
     all_groups,
@@ -36,6 +35,7 @@ from initializers.config import (
     termination_log_for_bad_settings,
 )
 from initializers.engine import Engine, Outcome, Share, describe_outcome
+from initializers.environment import prepare_native_allocator, variables, write_termination_message
 from initializers.errors import (
     ExitCode,
     InitializerError,
@@ -74,13 +74,14 @@ def main_for(defaults: AssetDefaults, argv: list[str] | None = None) -> NoReturn
 def run(defaults: AssetDefaults, argv: list[str] | None = None) -> int:
     """Run one initializer; returns the process exit code."""
     prog = f"{defaults.kind}-initializer"
+    prepare_native_allocator()
     try:
         settings = load_settings(defaults, argv)
     except InitializerError as exc:
         return _fail(
             exc,
             prog,
-            termination_log_for_bad_settings(argv, os.environ),
+            termination_log_for_bad_settings(argv, variables()),
             RedactSecrets(()),
             debug=False,
         )
@@ -276,14 +277,5 @@ def _fail(
     if debug:
         traceback.print_exception(exc)
     print(f"{kind}: error: {message}", file=sys.stderr, flush=True)
-    _write_termination_message(termination_log, message)
+    write_termination_message(message, termination_log)
     return int(exc.exit_code)
-
-
-def _write_termination_message(path: Path, message: str) -> None:
-    """Kubernetes shows this file in ``kubectl describe pod``; it mounts it, we never create
-    the default one (outside a pod, /dev/termination-log should stay absent)."""
-    if path == DEFAULT_TERMINATION_LOG and not path.exists():
-        return
-    with contextlib.suppress(OSError):
-        path.write_text(message + "\n")

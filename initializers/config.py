@@ -10,7 +10,6 @@ options and its own (:meth:`Settings.for_source`). Unset variables keep the asse
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import textwrap
 import threading
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from initializers.environment import DEFAULT_TERMINATION_LOG, parse_bool, variables
 from initializers.errors import UsageError
 from initializers.inflight import connections_for
 from initializers.options import (
@@ -30,7 +30,6 @@ from initializers.options import (
     add_flags,
     non_negative_int,
     one_of,
-    parse_bool,
     positive_float,
     positive_int,
     resolve,
@@ -40,7 +39,6 @@ from initializers.retry import RetryPolicy
 from initializers.sources import option_groups
 
 MAX_URI_LENGTH = 2048
-DEFAULT_TERMINATION_LOG = Path("/dev/termination-log")
 
 
 @dataclass(frozen=True)
@@ -300,7 +298,7 @@ def load_settings(
     defaults: AssetDefaults, argv: list[str] | None, env: Mapping[str, str] | None = None
 ) -> Settings:
     """Parse flags and environment into :class:`Settings`, or raise UsageError."""
-    env = os.environ if env is None else env
+    env = variables() if env is None else env
     flags = build_parser(defaults).parse_args(argv)
     groups = all_groups()
     values = {o.dest: resolve(o, flags, env) for group in groups for o in group.rows}

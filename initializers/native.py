@@ -37,14 +37,6 @@ from datetime import timedelta
 from typing import TypeVar
 from urllib.parse import urlsplit
 
-# The client's allocator (mimalloc, bundled with it) commits its arenas eagerly and returns
-# freed pages late; a body's buffers are allocated on the client's thread and freed on the
-# loop's, so pages piled up: 168-176 MiB peak on the benchmark's S3 dataset (two processes, 24
-# requests in flight each, 20 ms before every first byte), 114-123 MiB with these, in the same
-# time (paired rounds: 1.11x, 0.95-1.29). Read as the library loads; a value the user set wins.
-os.environ.setdefault("MIMALLOC_ARENA_EAGER_COMMIT", "0")
-os.environ.setdefault("MIMALLOC_PURGE_DELAY", "0")
-
 # Loaded by the main thread, with the source module: loaded instead on a thread that had ended
 # before the fork of the worker processes (tried, to overlap imports with the listing), it made
 # every forked child die of SIGSEGV.
@@ -396,7 +388,7 @@ def _proxy_for(base_url: str) -> ProxyBuilder | None:
     if not proxy or urllib.request.proxy_bypass_environment(parts.hostname or ""):
         return None
     builder = ProxyBuilder.https(proxy) if parts.scheme == "https" else ProxyBuilder.http(proxy)
-    no_proxy = os.environ.get("NO_PROXY") or os.environ.get("no_proxy")
+    no_proxy = urllib.request.getproxies_environment().get("no")
     return builder.no_proxy(no_proxy) if no_proxy else builder
 
 

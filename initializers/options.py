@@ -60,16 +60,7 @@ class OptionGroup:
 
 
 # -- parsers: each raises ValueError with the reason, which resolve() turns into one line --------
-
-
-def parse_bool(value: str) -> bool:
-    """The one boolean parser: 1/true/yes/on and 0/false/no/off, any case; "" is false."""
-    lowered = value.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off", ""):
-        return False
-    raise ValueError(f"expected true/false, got {value!r}")
+# (booleans: initializers.environment.parse_bool, shared with the shims)
 
 
 def positive_int(value: str) -> int:

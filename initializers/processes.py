@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import math
 import os
 import pickle
 import signal
@@ -26,9 +25,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, Pipe, wait
-from pathlib import Path
 from typing import Any
 
+from initializers.cpus import available_cpus
 from initializers.errors import ExitCode, InitializerError
 from initializers.interrupts import interrupt_reads
 
@@ -41,16 +40,11 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def usable_cpus() -> int:
-    """CPUs this process may run on: its affinity, capped by a cgroup v2 CPU quota (1 where
-    the platform cannot say, or cannot fork)."""
+    """CPUs this process may run on (:func:`initializers.cpus.available_cpus`: its affinity,
+    capped by a cgroup v1 or v2 CPU quota); 1 where the platform cannot fork."""
     if not hasattr(os, "sched_getaffinity") or not hasattr(os, "fork"):
         return 1
-    cpus = len(os.sched_getaffinity(0))
-    with contextlib.suppress(OSError, ValueError):
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
-        if quota != "max":
-            cpus = min(cpus, max(1, math.ceil(int(quota) / int(period))))
-    return cpus
+    return available_cpus()
 
 
 _fork_forbidden = False  # set for good once something started here would not survive a fork

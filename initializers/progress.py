@@ -19,10 +19,11 @@ log = logging.getLogger("initializers.progress")
 MIB = 1 << 20
 
 
-def human_bytes(n: float) -> str:
+def human_bytes(n: float, digits: int = 2) -> str:
+    """The one byte formatter: ``n`` in B, KiB, ... TiB, with ``digits`` after the point."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.{digits}f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
 

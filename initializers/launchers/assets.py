@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from initializers.cache import hold_for_training
+from initializers.entryhold import hold_for_training
 from initializers.errors import NotFoundError
 from initializers.launchers.polling import wait_until_ready
 from initializers.manifest import find_problems, read_manifest

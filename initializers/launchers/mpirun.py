@@ -16,9 +16,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from initializers.cpus import available_cpus
+from initializers.environment import variables
 from initializers.launchers import settings as config
 from initializers.launchers.assets import wait_for_assets
-from initializers.launchers.cpus import available_cpus
 from initializers.launchers.hostfile import Host, read_hostfile, write_hostfile
 from initializers.launchers.mpiimpl import Flavor, MpiInstall, build_launch, detect
 from initializers.launchers.netwait import Endpoint, wait_for_endpoints
@@ -107,7 +108,7 @@ def describe(
 
 def _body(argv: list[str] | None) -> int:
     parsed = build_parser().parse_args(argv)
-    env = os.environ
+    env = variables()
     command = user_command(parsed, PROG, "program")
     waits = config.wait_settings(parsed, env)
     mpi = config.mpi_settings(parsed, env)

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from initializers.environment import is_on
 from initializers.errors import UsageError
 
 DEFAULT_WAIT_TIMEOUT = 600.0
@@ -24,7 +25,6 @@ MPI_IMPLEMENTATIONS = ("auto", "openmpi4", "openmpi5", "mpich")
 # Where Kubeflow runtimes mount the SSH Secret (sshAuthMountPath); the first key found is used.
 SSH_KEY_CANDIDATES = ("~/.ssh/id_rsa", "/home/mpiuser/.ssh/id_rsa", "/root/.ssh/id_rsa")
 _PET_HINT = "PET_* are set by the Kubeflow Trainer controller; do not override them in the TrainJob"
-_TRUE = ("1", "true", "yes", "on")
 
 
 def _whole(value: str, name: str, low: int, high: int | None = None, hint: str = "") -> int:
@@ -152,7 +152,7 @@ def mpi_settings(parsed: argparse.Namespace, env: Mapping[str, str]) -> MpiSetti
         hostfile = DEFAULT_HOSTFILE if DEFAULT_HOSTFILE.exists() else None
     slots = env.get("OMPI_MCA_orte_set_default_slots", "").strip()
     default_slots = _whole(slots, "OMPI_MCA_orte_set_default_slots", 1) if slots else None
-    keep_fqdn = env.get("OMPI_MCA_orte_keep_fqdn_hostnames", "").strip().lower() in _TRUE
+    keep_fqdn = is_on(env, "OMPI_MCA_orte_keep_fqdn_hostnames")
 
     port_pick = _pick(parsed.ssh_port, env, "KF_SSH_PORT")
     port = DEFAULT_SSH_PORT

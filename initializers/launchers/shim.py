@@ -16,11 +16,10 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import NoReturn
 
+from initializers.environment import is_on, variables, write_termination_message
 from initializers.errors import ExitCode, InitializerError, UsageError
 
 log = logging.getLogger("initializers.launchers")
-
-TERMINATION_LOG = "/dev/termination-log"
 
 COMMON_HELP = """
 Every option can also be set by the environment variable shown; flags beat env.
@@ -93,18 +92,14 @@ def run(prog: str, body: Callable[[], int]) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
-        if os.environ.get("DEBUG"):
+        if is_on(variables(), "DEBUG"):
             log.exception("unexpected failure")
         return _fail(prog, f"unexpected {type(exc).__name__}: {exc}", ExitCode.UNEXPECTED)
 
 
 def _fail(prog: str, message: str, code: int) -> int:
     print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
-    try:
-        with open(TERMINATION_LOG, "w") as out:
-            out.write(f"{prog}: {message}\n")
-    except OSError:
-        pass
+    write_termination_message(f"{prog}: {message}")
     return int(code)
 
 

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
 import shutil
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from initializers.cpus import available_cpus
+from initializers.environment import variables
 from initializers.errors import UsageError
 from initializers.launchers import settings as config
 from initializers.launchers.assets import Asset, wait_for_assets
-from initializers.launchers.cpus import available_cpus
 from initializers.launchers.gpus import visible_gpus
 from initializers.launchers.netwait import Endpoint, wait_for_endpoints
 from initializers.launchers.shim import (
@@ -30,6 +30,7 @@ from initializers.launchers.shim import (
     show_command,
     user_command,
 )
+from initializers.progress import human_bytes
 
 PROG = "kf-torchrun"
 DESCRIPTION = (
@@ -131,18 +132,9 @@ def describe(top: Topology, assets: list[Asset]) -> None:
             "  asset           %s: %d files, %s, from %s",
             asset.path,
             asset.files,
-            _size(asset.total_bytes),
+            human_bytes(asset.total_bytes, digits=1),
             asset.source,
         )
-
-
-def _size(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -158,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _body(argv: list[str] | None) -> int:
     parsed = build_parser().parse_args(argv)
-    env = os.environ
+    env = variables()
     command = user_command(parsed, PROG, "script")
     waits = config.wait_settings(parsed, env)
     torch = config.torch_settings(parsed, env)

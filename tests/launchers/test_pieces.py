@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from initializers.cpus import available_cpus, cgroup_cpu_quota
 from initializers.errors import NotFoundError, UsageError
 from initializers.launchers.assets import wait_for_assets
-from initializers.launchers.cpus import available_cpus, cgroup_cpu_quota
 from initializers.launchers.gpus import visible_gpus
 from initializers.launchers.hostfile import Host, is_this_machine, read_hostfile, write_hostfile
 from initializers.launchers.mpiimpl import Flavor, MpiInstall, build_launch, classify

@@ -56,81 +56,17 @@ class FileFetcher:
         The retry budget counts attempts since the last one that got the range further
         (:data:`~initializers.retry.PROGRESS_BYTES`): a link that breaks every few MiB still
         finishes, a dead one ends as before.
-
-        A file fetched whole in one range is digested as it streams, so committing it needs no
-        read-back; a large file's writeback is started every checkpoint, so the fsync before its
-        commit finds little left to write instead of all of it at the end.
         """
-        position = start
-        checkpoint = start
-        digest: checksums.Digest | None = None
-        streaming = start == 0 and end == job.remote.size
-
-        def attempt() -> None:
-            if self.stop.is_set():
-                raise Cancelled
-            try:
-                transfer()
-            except Exception:
-                if self.stop.is_set():  # the stop cut this read short (transport.interrupt_reads)
-                    raise Cancelled from None
-                raise
-
-        def transfer() -> None:
-            nonlocal position, checkpoint, digest
-            if position > start and not job.remote.ranged:  # no resuming: again from the start
-                self.progress.add_bytes(start - position)
-                position, digest = start, None
-            with self.source.open_range(job.remote, position, end) as reader:
-                job.note_headers(reader.headers)
-                if streaming and digest is None and position == 0:
-                    expected = job.expected_checksum(self.source)
-                    if expected:
-                        digest = checksums.new_digest(
-                            expected.algorithm, job.remote.size, expected.parts
-                        )
-                spans = None if streaming else job.span_digest(self.source)
-                copy_into = getattr(reader, "copy_into", None)
-                if copy_into is not None and digest is None and spans is None:
-                    # Nothing to digest: the kernel copies (copy_file_range, a reflink where
-                    # the filesystem shares blocks), in steps that keep stops and checkpoints.
-                    for count in copy_into(job.open(), position):
-                        advanced(count)
-                    return
-                for chunk in reader.chunks():
-                    self._write(job, chunk, position)
-                    if digest is not None:
-                        digest.update(chunk)
-                    elif spans is not None:
-                        spans.offer(chunk, position)
-                    advanced(len(chunk))
-
-        def advanced(count: int) -> None:
-            """``count`` more bytes are in the .part: progress, and a checkpoint when due."""
-            nonlocal position, checkpoint
-            if self.stop.is_set():
-                raise Cancelled
-            position += count
-            self.progress.add_bytes(count)
-            if job.resumable and position - checkpoint >= CHECKPOINT:
-                start_writeback(job.open(), checkpoint, position - checkpoint)
-                job.journal.record(start, position)
-                checkpoint = position
-
+        transfer = _RangeTransfer(self, job, start, end)
         try:
-            self.retry.call(attempt, job.remote.path, progress=lambda: position, failed=failed)
+            self.retry.call(
+                transfer.attempt, job.remote.path, progress=lambda: transfer.position, failed=failed
+            )
         except OSError as exc:
             raise storage_error(exc, job.final) from None
         finally:
-            if job.resumable and position > checkpoint:
-                job.journal.record(start, position)
-        if digest is not None:
-            job.streamed_digest = digest.finish()
-        elif not streaming and (spans := job.span_digest(self.source)) is not None:
-            try:
-                spans.span_done(job.open(), start, end)
-            except OSError as exc:
-                raise storage_error(exc, job.final) from None
+            transfer.record_checkpoint()
+        transfer.finish()
 
     def _write(self, job: FileJob, view: memoryview, offset: int) -> None:
         fd = job.open()
@@ -221,3 +157,83 @@ class FileFetcher:
         for start, end in job.ranges:
             self.fetch_range(job, start, end)
         self.commit(job)
+
+
+class _RangeTransfer:
+    """One range of one file on its way into the ``.part``, across retries: where it got to,
+    the last checkpoint the journal holds, and the digest of a file fetched whole in one range
+    (digested as it streams, so committing it needs no read-back). A large file's writeback is
+    started every checkpoint, so a durable commit finds little left to write."""
+
+    def __init__(self, fetcher: FileFetcher, job: FileJob, start: int, end: int) -> None:
+        self.fetcher, self.job, self.start, self.end = fetcher, job, start, end
+        self.position = self.checkpoint = start
+        self.digest: checksums.Digest | None = None
+        self.streaming = start == 0 and end == job.remote.size
+
+    def attempt(self) -> None:
+        stop = self.fetcher.stop
+        if stop.is_set():
+            raise Cancelled
+        try:
+            self._transfer()
+        except Exception:
+            if stop.is_set():  # the stop cut this read short (transport.interrupt_reads)
+                raise Cancelled from None
+            raise
+
+    def _transfer(self) -> None:
+        job, source = self.job, self.fetcher.source
+        if self.position > self.start and not job.remote.ranged:  # no resuming: from the start
+            self.fetcher.progress.add_bytes(self.start - self.position)
+            self.position, self.digest = self.start, None
+        with source.open_range(job.remote, self.position, self.end) as reader:
+            job.note_headers(reader.headers)
+            if self.streaming and self.digest is None and self.position == 0:
+                expected = job.expected_checksum(source)
+                if expected:
+                    self.digest = checksums.new_digest(
+                        expected.algorithm, job.remote.size, expected.parts
+                    )
+            spans = None if self.streaming else job.span_digest(source)
+            copy_into = getattr(reader, "copy_into", None)
+            if copy_into is not None and self.digest is None and spans is None:
+                # Nothing to digest: the kernel copies (copy_file_range, a reflink where the
+                # filesystem shares blocks), in steps that keep stops and checkpoints.
+                for count in copy_into(job.open(), self.position):
+                    self._advanced(count)
+                return
+            for chunk in reader.chunks():
+                self.fetcher._write(job, chunk, self.position)
+                if self.digest is not None:
+                    self.digest.update(chunk)
+                elif spans is not None:
+                    spans.offer(chunk, self.position)
+                self._advanced(len(chunk))
+
+    def _advanced(self, count: int) -> None:
+        """``count`` more bytes are in the .part: progress, and a checkpoint when due."""
+        if self.fetcher.stop.is_set():
+            raise Cancelled
+        self.position += count
+        self.fetcher.progress.add_bytes(count)
+        if self.job.resumable and self.position - self.checkpoint >= CHECKPOINT:
+            start_writeback(self.job.open(), self.checkpoint, self.position - self.checkpoint)
+            self.job.journal.record(self.start, self.position)
+            self.checkpoint = self.position
+
+    def record_checkpoint(self) -> None:
+        """What got further than the last checkpoint goes into the journal (for the rerun)."""
+        if self.job.resumable and self.position > self.checkpoint:
+            self.job.journal.record(self.start, self.position)
+
+    def finish(self) -> None:
+        """The range is all there: keep the streamed digest, or close this span's."""
+        job = self.job
+        if self.digest is not None:
+            job.streamed_digest = self.digest.finish()
+        elif not self.streaming and (spans := job.span_digest(self.fetcher.source)) is not None:
+            try:
+                spans.span_done(job.open(), self.start, self.end)
+            except OSError as exc:
+                raise storage_error(exc, job.final) from None

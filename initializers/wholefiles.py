@@ -59,7 +59,7 @@ async def fetch_whole_files(
             await backlog.acquire()
             handed: Future[None] | None = None
             try:
-                handed = await fetch(job)
+                handed = await _fetch_one(source, job, stop, progress, fetched, failed)
             finally:
                 if handed is None:
                     backlog.release()
@@ -69,35 +69,44 @@ async def fetch_whole_files(
             # cost 5-10% more CPU in paired rounds on the S3 dataset (3 runs of 8).
             await asyncio.sleep(0)
 
-    async def fetch(job: FileJob) -> Future[None] | None:
-        if stop.is_set():
-            return None
-        try:
-            job.make_room()  # before the request: what is planted after it is replaced
-            async with source.fetch_whole(job.remote) as response:
-                job.note_headers(response.headers)
-                expected = job.expected_checksum(source)
-                digest = (
-                    new_digest(expected.algorithm, job.remote.size, expected.parts)
-                    if expected
-                    else None
-                )
-                fd, offset = job.open(), 0
-                async for chunk in response.chunks():
-                    if stop.is_set():
-                        return None
-                    write_all(fd, chunk, offset)
-                    if digest is not None:
-                        digest.update(chunk)
-                    offset += len(chunk)
-            if digest is not None:
-                job.streamed_digest = digest.finish()
-        except Exception as exc:
-            return failed(job, exc)
-        progress.add_bytes(offset)
-        try:
-            return fetched(job)
-        except Exception as exc:
-            return failed(job, exc)
-
     await asyncio.gather(*(requester() for _ in range(min(in_flight, len(jobs)))))
+
+
+async def _fetch_one(
+    source: Source,
+    job: FileJob,
+    stop: threading.Event,
+    progress: Progress,
+    fetched: Callable[[FileJob], Future[None] | None],
+    failed: Callable[[FileJob, Exception], Future[None]],
+) -> Future[None] | None:
+    """One whole file into its ``.part``, digested as it streams; then handed on."""
+    if stop.is_set():
+        return None
+    try:
+        job.make_room()  # before the request: what is planted after it is replaced
+        async with source.fetch_whole(job.remote) as response:
+            job.note_headers(response.headers)
+            expected = job.expected_checksum(source)
+            digest = (
+                new_digest(expected.algorithm, job.remote.size, expected.parts)
+                if expected
+                else None
+            )
+            fd, offset = job.open(), 0
+            async for chunk in response.chunks():
+                if stop.is_set():
+                    return None
+                write_all(fd, chunk, offset)
+                if digest is not None:
+                    digest.update(chunk)
+                offset += len(chunk)
+        if digest is not None:
+            job.streamed_digest = digest.finish()
+    except Exception as exc:
+        return failed(job, exc)
+    progress.add_bytes(offset)
+    try:
+        return fetched(job)
+    except Exception as exc:
+        return failed(job, exc)

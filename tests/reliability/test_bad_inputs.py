@@ -1,6 +1,6 @@
 """A table of bad inputs, each run through the real CLI: the documented exit code, one clear line.
 
-The same table is shown in README.md; a test keeps the two identical.
+The same table is shown in docs/reliability.md; a test keeps the two identical.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from tests.reliability.conftest import FIGURES
 from tests.servers.locked_s3 import locked_s3 as start_locked_s3
 
 REPO = Path(__file__).resolve().parents[2]
-DOC = REPO / "README.md"
+DOC = REPO / "docs" / "reliability.md"
 KNOWN_TOKEN = "hf_known_token_0b3e"
 S3 = {"ENDPOINT": "{s3}", "ACCESS_KEY_ID": ACCESS_KEY, "SECRET_ACCESS_KEY": SECRET_KEY}
 HUB = {"HF_ENDPOINT": "{hub}"}
@@ -598,5 +598,6 @@ def test_every_bad_input_exits_with_its_documented_code_and_one_clear_line(
 
 def test_the_bad_input_table_in_the_readme_is_the_one_the_tests_run():
     assert markdown_table() in DOC.read_text(), (
-        "README.md is out of date: paste tests.reliability.test_bad_inputs.markdown_table() into it"
+        "docs/reliability.md is out of date: paste"
+        " tests.reliability.test_bad_inputs.markdown_table() into it"
     )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from initializers.engine import LOOP_PER_WORKER
+from initializers.inflight import LOOP_PER_WORKER
 from tests.reliability.conftest import assert_identical, dataset, fill, is_object_get, s3_env
 
 MIB = 1 << 20

@@ -20,8 +20,8 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from initializers import interrupts, native, processes
-from initializers.engine import LOOP_PER_WORKER
 from initializers.errors import AuthError, NotFoundError, TransientError, UsageError
+from initializers.inflight import LOOP_PER_WORKER
 from initializers.progress import human_bytes
 from tests.reliability.conftest import (
     FIGURES,

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from initializers.engine import SMALL_BODY
+from initializers.inflight import SMALL_BODY
 from initializers.manifest import find_problems
 from tests.reliability.conftest import (
     FIGURES,

@@ -1,0 +1,243 @@
+"""Scheduling: which request runs where, so many files and large ones share the workers well.
+
+Small files (one range) may be shared with forked worker processes (:mod:`initializers.processes`);
+in each process, large ranges run on ``workers`` threads of their own, small ones on more (they
+mostly wait for their first byte, :data:`~initializers.inflight.SMALL_IN_FLIGHT`), and where the
+source can, small files are fetched whole on the native event loop
+(:mod:`initializers.wholefiles`), the threads then only verifying and committing them. One file's
+life is :mod:`initializers.fetching`'s; this module only decides where and when, and turns the
+first failure into a stop of everything else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from initializers import native, processes
+from initializers.commits import GroupCommit
+from initializers.destination import storage_error
+from initializers.errors import InitializerError, Interrupted, TransientError
+from initializers.fetching import Cancelled, FileFetcher
+from initializers.filejob import FileJob, interleaved
+from initializers.inflight import LOOP_PER_WORKER, MAX_BODIES_IN_FLIGHT, SMALL_BODY, SMALL_IN_FLIGHT
+from initializers.journal import CommitLog
+from initializers.manifest import FileRecord
+from initializers.progress import Progress, Reporter
+from initializers.retry import RetryPolicy
+from initializers.sources.base import Source
+from initializers.wholefiles import fetch_whole_files
+
+log = logging.getLogger(__name__)
+
+STOPPED = "stopped by a signal; rerun to resume (fetched bytes are kept)"
+
+
+class Scheduler:
+    """Runs a destination's jobs with ``workers`` requests in flight; returns what it committed."""
+
+    def __init__(
+        self,
+        source: Source,
+        dest: Path,
+        commits: CommitLog,
+        *,
+        workers: int,
+        retry: RetryPolicy,
+        stop: threading.Event,
+        label: str,
+        progress_interval: float,
+    ) -> None:
+        self.source = source
+        self.dest = dest
+        self.commits = commits
+        self.workers = workers
+        self.retry = retry
+        self.stop = stop
+        self.label = label
+        self.progress_interval = progress_interval
+
+    def fetch_all(self, jobs: list[FileJob], progress: Progress) -> dict[str, FileRecord]:
+        """Fetch and commit every job, sharing many small files with forked processes."""
+        small = [job for job in jobs if len(job.ranges) == 1]
+        count = processes.process_count(len(small), self.workers)
+        if count == 1:
+            with Reporter(progress, self.label, self.progress_interval):
+                return self.run_jobs(jobs, self.workers, progress)
+        shares = [small[i::count] for i in range(count)]
+        mine = [job for job in jobs if len(job.ranges) != 1] + shares[0]
+        each = max(1, self.workers // count)
+        self.source.close()  # a pooled connection must never be shared with a child
+        # Forked before any other thread of this process starts (the reporter, the workers).
+        children = [
+            processes.fork(partial(self.run_jobs, share, each), self.stop) for share in shares[1:]
+        ]
+        log.debug("%s: %d worker processes share %d files", self.label, count, len(small))
+        relay = threading.Thread(
+            target=processes.gather,
+            args=(children, self.stop, progress.add_counts),
+            name="children",
+        )
+        own: BaseException | None = None
+        committed: dict[str, FileRecord] = {}
+        with Reporter(progress, self.label, self.progress_interval):
+            relay.start()
+            try:
+                committed = self.run_jobs(mine, max(1, self.workers - each * (count - 1)), progress)
+            except InitializerError as exc:
+                own = exc
+                self.stop.set()  # the children stop too
+            except BaseException:
+                self.stop.set()
+                raise
+            finally:
+                relay.join()
+        failures = [e for e in (own, *(child.error for child in children)) if e is not None]
+        if failures:  # the real failure first, the Interrupted it caused elsewhere after it
+            raise next((e for e in failures if not isinstance(e, Interrupted)), failures[0])
+        for child in children:
+            committed.update(child.result or {})
+        return committed
+
+    def run_jobs(
+        self, jobs: list[FileJob], workers: int, progress: Progress
+    ) -> dict[str, FileRecord]:
+        """Run ``jobs`` in this process (a forked child's whole life too, its ``progress`` sent
+        to the parent); their verified files, committed."""
+        group = GroupCommit(self.dest, self.commits)  # one per run of jobs (per process)
+        fetcher = FileFetcher(self.source, self.retry, self.stop, progress, group)
+        batch = _Batch(self, fetcher, jobs, workers, progress)
+        try:
+            errors = batch.run()
+        finally:
+            for job in jobs:
+                job.close()
+        real = [e for e in errors if not isinstance(e, Cancelled)]
+        if real:
+            # Files verified before the failure are kept for the rerun (a stop skips this: it
+            # must end within seconds, and a kill would lose no more than the batch).
+            with contextlib.suppress(OSError):
+                group.flush()
+            raise real[0]
+        if errors or self.stop.is_set():
+            raise Interrupted(STOPPED)
+        try:
+            group.flush()
+        except OSError as exc:
+            raise storage_error(exc, self.dest) from None
+        return group.records
+
+
+class _Batch:
+    """One process's run of jobs: two thread pools and, where the source can, the native loop."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        fetcher: FileFetcher,
+        jobs: list[FileJob],
+        workers: int,
+        progress: Progress,
+    ) -> None:
+        self.source = scheduler.source
+        self.stop = scheduler.stop
+        self.fetcher = fetcher
+        self.jobs = jobs
+        self.workers = workers
+        self.progress = progress
+        self.futures: list[Future[None]] = []
+        # Small files fetched whole on the native loop, where the source can (wholefiles.py).
+        self.whole = [
+            job
+            for job in jobs
+            if self.source.fetches_whole
+            and job.remote.size <= SMALL_BODY
+            and job.ranges == [(0, job.remote.size)]
+        ]
+
+    def run(self) -> list[BaseException]:
+        """Submit every request, wait for all of them; the failures met (none: all went well)."""
+        # Small files' requests wait in threads unless the loop has them: then a thread a worker.
+        # Large ranges run on ``workers`` threads of their own: each keeps its read-back buffers
+        # (RSS on the Hub model: 189 MiB when they ran on the small files' threads too, not 132).
+        small_threads = self.workers if self.whole else self.workers * SMALL_IN_FLIGHT
+        with (
+            ThreadPoolExecutor(self.workers, thread_name_prefix="fetch") as self.large,
+            ThreadPoolExecutor(small_threads, thread_name_prefix="small") as self.small,
+        ):
+            self._submit_threads()
+            if self.whole:
+                native.run_on_loop(self._fetch_whole, self.stop)
+            return self._wait()
+
+    def _submit_threads(self) -> None:
+        for job in self.jobs:
+            if not job.ranges:
+                self._submit(self.small, self.fetcher.commit, job)
+        picked = {id(job) for job in self.whole}
+        rest = [job for job in self.jobs if id(job) not in picked]
+        for job, (start, end) in interleaved(rest, max(1, self.workers // 2)):
+            pool = self.small if end - start <= SMALL_BODY else self.large
+            self._submit(pool, self._run_range, job, start, end)
+
+    def _fetch_whole(self) -> Any:
+        return fetch_whole_files(
+            self.source,
+            self.whole,
+            in_flight=min(self.workers * LOOP_PER_WORKER, MAX_BODIES_IN_FLIGHT),
+            stop=self.stop,
+            progress=self.progress,
+            fetched=self._commit_streamed,
+            failed=lambda job, exc: self._submit(self.small, self._after_failure, job, exc),
+        )
+
+    def _wait(self) -> list[BaseException]:
+        while pending := [future for future in self.futures if not future.done()]:
+            done, _ = wait(pending, return_when=FIRST_EXCEPTION)
+            if self.stop.is_set() or any(not f.cancelled() and f.exception() for f in done):
+                self.stop.set()
+                for future in pending:
+                    future.cancel()
+        found = (f.exception() for f in self.futures if not f.cancelled())
+        return [error for error in found if error is not None]
+
+    def _submit(
+        self, pool: ThreadPoolExecutor, task: Callable[..., None], *args: Any
+    ) -> Future[None]:
+        future = pool.submit(task, *args)
+        future.add_done_callback(self._stop_on_failure)
+        self.futures.append(future)  # atomic: the loop thread appends too
+        return future
+
+    def _stop_on_failure(self, future: Future[None]) -> None:
+        if not future.cancelled() and future.exception() is not None:
+            self.stop.set()
+
+    def _run_range(
+        self, job: FileJob, start: int, end: int, failed: TransientError | None = None
+    ) -> None:
+        job.make_room()  # before the request: what is planted after it is replaced
+        self.fetcher.fetch_range(job, start, end, failed)
+        if job.range_finished():
+            self.fetcher.commit(job)
+
+    def _after_failure(self, job: FileJob, failure: Exception) -> None:
+        """A small file the native loop could not fetch, the workers' way: a final failure ends
+        the run as it would have here, a transient one counts in the retry budget."""
+        if isinstance(failure, InitializerError):
+            raise failure
+        transient = failure if isinstance(failure, TransientError) else None
+        self._run_range(job, 0, job.remote.size, transient)
+
+    def _commit_streamed(self, job: FileJob) -> Future[None] | None:
+        """On the loop: queued for commit at once, unless a worker must see to it (its digest
+        did not match: it is fetched again)."""
+        if self.fetcher.commit_streamed(job):
+            return None
+        return self._submit(self.small, self.fetcher.commit, job)

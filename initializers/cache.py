@@ -32,7 +32,7 @@ import secrets
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -317,17 +317,16 @@ def expose(entry: Path, output: Path) -> None:
         raise storage_error(exc, output) from None
 
 
-def prove_read_access(source: Source, files: list[RemoteFile], retry: RetryPolicy) -> None:
+def prove_read_access(source: Source, files: Iterable[RemoteFile], retry: RetryPolicy) -> None:
     """Check with the caller's credentials that they may read the smallest file's bytes.
 
     A listing is not enough: the Hub lists gated repos to everyone and refuses only the bytes,
     and S3 grants ListBucket apart from GetObject. Without this read, a complete entry would hand
     a caller the bytes the source refuses them. Raises the source's AuthError (exit 3).
     """
-    readable = [f for f in files if f.size > 0]
-    if not readable:
+    smallest = min((f for f in files if f.size > 0), key=lambda f: f.size, default=None)
+    if smallest is None:
         return  # no byte to refuse
-    smallest = min(readable, key=lambda f: f.size)
     retry.call(lambda: source.check_access(smallest), f"checking read access to {smallest.path}")
 
 

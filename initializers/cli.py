@@ -13,7 +13,7 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
 from types import FrameType
@@ -43,6 +43,7 @@ from initializers.errors import (
     NotFoundError,
     UsageError,
 )
+from initializers.filetable import FileTable
 from initializers.heap import collection_paused
 from initializers.interrupts import interrupt_reads
 from initializers.logs import RedactSecrets, configure
@@ -106,17 +107,9 @@ def run(defaults: AssetDefaults, argv: list[str] | None = None) -> int:
 def _fetch(settings: Settings, stop: _StopOnSignal) -> None:
     retry = settings.retry_policy(stop.event)  # the run's one policy, handed to every part
     source = open_source(settings, retry)
+    listing: Listing | None = None
     try:
-        log.info("%s: listing %s", settings.kind, source.describe())
-        with collection_paused():  # the listing lives until the run ends
-            listing = source.list()
-        for name, why in listing.skipped:
-            log.warning("skipped %r: the name %s", name, why)
-        if not listing.files and listing.skipped:
-            raise NotFoundError(
-                f"all {len(listing.skipped)} name(s) under {source.describe()} were skipped "
-                "as unsafe (see the warnings above); nothing to fetch — rename those objects"
-            )
+        listing = _list(source, settings.kind)
 
         def engine_for(dest: Path, share: Share | None = None) -> Engine:
             return Engine(
@@ -130,7 +123,7 @@ def _fetch(settings: Settings, stop: _StopOnSignal) -> None:
                 share=share,
             )
 
-        def choose(files: list[RemoteFile]) -> list[RemoteFile]:
+        def choose(files: Iterable[RemoteFile]) -> FileTable:
             return _choose(files, settings, source.describe())
 
         archive = archive_to_unpack(source, listing.files)
@@ -139,7 +132,7 @@ def _fetch(settings: Settings, stop: _StopOnSignal) -> None:
                 f"{source.describe()} is one archive, which one pod unpacks: drop SHARDS"
             )
         with collection_paused():
-            chosen: list[RemoteFile] = [] if archive else choose(listing.files)
+            chosen: Iterable[RemoteFile] = [] if archive else choose(listing.files)
         spec = ShardSpec(settings.shards, settings.shard_index, settings.shard_run)
 
         recorded = _recorded_uri(settings.storage_uri)
@@ -148,8 +141,10 @@ def _fetch(settings: Settings, stop: _StopOnSignal) -> None:
             if archive is not None:
                 return sync_archive(archive, dest, recorded, engine_for, choose, stop.event)
             if spec.count > 1:
+                # The byte-balanced partition takes every file at once: not yet on disk.
+                files = list(chosen)
                 return sync_shard(
-                    partial(engine_for, dest), dest, chosen, listing.revision, recorded, spec
+                    partial(engine_for, dest), dest, files, listing.revision, recorded, spec
                 )
             return engine_for(dest).sync(chosen, recorded, listing.revision)
 
@@ -161,6 +156,23 @@ def _fetch(settings: Settings, stop: _StopOnSignal) -> None:
         log.info("%s", describe_outcome(settings.kind, outcome))
     finally:
         source.close()
+        if listing is not None and isinstance(listing.files, FileTable):
+            listing.files.scratch.close()  # the run ends with os._exit: no finalizer runs
+
+
+def _list(source: Source, kind: str) -> Listing:
+    """The source's listing (a large one on disk), its unsafe names reported."""
+    log.info("%s: listing %s", kind, source.describe())
+    with collection_paused():  # what the listing holds lives until the run ends
+        listing = source.list()
+    for name, why in listing.skipped:
+        log.warning("skipped %r: the name %s", name, why)
+    if not listing.files and listing.skipped:
+        raise NotFoundError(
+            f"all {len(listing.skipped)} name(s) under {source.describe()} were skipped "
+            "as unsafe (see the warnings above); nothing to fetch — rename those objects"
+        )
+    return listing
 
 
 def _recorded_uri(uri: str) -> str:
@@ -176,7 +188,7 @@ def _through_cache(
     settings: Settings,
     source: Source,
     listing: Listing,
-    chosen: list[RemoteFile],
+    chosen: Iterable[RemoteFile],
     fill: Callable[[Path], Outcome],
     stop: threading.Event,
     retry: RetryPolicy,
@@ -207,7 +219,7 @@ def _through_cache(
     )
 
 
-def _choose(files: list[RemoteFile], settings: Settings, where: str) -> list[RemoteFile]:
+def _choose(files: Iterable[RemoteFile], settings: Settings, where: str) -> FileTable:
     """The files the allow/ignore patterns and the weights preference keep, with the reasons
     logged; NotFoundError when none is left."""
     chosen = select(
@@ -221,14 +233,14 @@ def _choose(files: list[RemoteFile], settings: Settings, where: str) -> list[Rem
         log.info("%s", chosen.weights_note)
     for path in chosen.conflicts:
         log.warning("skipped %r: another key uses it as a folder", path)
-    if chosen.filtered_out:
-        shown = ", ".join(chosen.filtered_out[:5])
-        more = f" and {len(chosen.filtered_out) - 5} more" if len(chosen.filtered_out) > 5 else ""
+    if chosen.filtered_count:
+        shown = ", ".join(chosen.filtered_out)
+        more = chosen.filtered_count - len(chosen.filtered_out)
         log.info(
             "%d file(s) left out by the allow/ignore patterns: %s%s",
-            len(chosen.filtered_out),
+            chosen.filtered_count,
             shown,
-            more,
+            f" and {more} more" if more else "",
         )
     if not chosen.files:
         raise NotFoundError(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from initializers.manifest import FileRecord
@@ -109,19 +110,22 @@ class CommitLog:
         self._lock = threading.Lock()
 
     def load(self) -> dict[str, FileRecord]:
-        records: dict[str, FileRecord] = {}
+        return dict(self.records())
+
+    def records(self) -> Iterator[tuple[str, FileRecord]]:
+        """What the log holds, a line at a time (a torn or foreign line is skipped)."""
         try:
-            lines = self.path.read_text().splitlines()
-        except (OSError, UnicodeDecodeError):
-            return records
-        for line in lines:
-            try:
-                entry = json.loads(line)
-                path = entry.pop("path")  # before FileRecord(**entry): it takes no "path"
-                records[path] = FileRecord(**entry)
-            except (ValueError, TypeError, KeyError, AttributeError):
-                continue
-        return records
+            stream = open(self.path, "rb")  # noqa: SIM115 - closed below, after the last line
+        except OSError:
+            return
+        with stream:
+            for line in stream:
+                try:
+                    entry = json.loads(line)
+                    path = entry.pop("path")  # before FileRecord(**entry): it takes no "path"
+                    yield path, FileRecord(**entry)
+                except (ValueError, TypeError, KeyError, AttributeError):
+                    continue
 
     def append_all(self, records: dict[str, FileRecord]) -> None:
         """Record ``records`` with one write (a line each)."""

@@ -1,30 +1,36 @@
-"""Planning: what is already in place, what is stale, and a job for each file still to fetch.
+"""Planning: what is already in place, what is stale, and the jobs for each file still to fetch.
 
 Given the files a source lists and the records of earlier runs (the manifest, a killed run's
 commit log, and for a shard the other shards' records), it keeps every file whose record still
 matches the listing and the disk, removes what the source no longer lists, checks the space the
-rest needs, and returns a job per file to fetch, largest first (the shortest tail).
+rest needs, and hands out the jobs for the rest in windows, largest first (the shortest tail).
+
+Everything that grows with the number of files lives in the run's scratch database
+(:mod:`initializers.filetable`), not in memory: the earlier records, the files to fetch and the
+records of the files in place. A window's jobs are the only per-file objects a run holds.
 """
 
 from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
 from initializers.destination import inside
 from initializers.errors import LocalStorageError
-from initializers.filejob import FileJob
+from initializers.filejob import CHECKPOINT, RANGE_SIZE, FileJob
+from initializers.filetable import BATCH, COLUMNS, FileTable, as_table, row_to_file
 from initializers.fsutil import make_room_for
 from initializers.heap import collection_paused
 from initializers.journal import CommitLog
 from initializers.manifest import (
     FileRecord,
-    read_manifest,
-    read_manifest_file,
+    manifest_path,
+    manifest_records,
+    read_manifest_head,
     record_is_intact,
     remove_manifest,
 )
@@ -32,6 +38,9 @@ from initializers.progress import Progress, human_bytes
 from initializers.sources.base import RemoteFile
 
 log = logging.getLogger("initializers.engine")
+
+WINDOW = 16_384  # jobs handed to the scheduler at a time: what a run holds, however many files
+_RECORD = "path TEXT PRIMARY KEY, size INTEGER, checksum TEXT, version TEXT, mtime_ns INTEGER"
 
 
 @dataclass
@@ -48,14 +57,6 @@ class Outcome:
     seconds: float = 0.0
 
 
-@dataclass
-class Plan:
-    outcome: Outcome
-    kept: dict[str, FileRecord]  # files in place, as the manifest will record them
-    jobs: list[FileJob]  # the rest, largest first
-    progress: Progress
-
-
 @dataclass(frozen=True)
 class Destination:
     """Where a plan's records live: the folder, its record file (the manifest, or a shard's
@@ -68,74 +69,192 @@ class Destination:
     earlier: Mapping[str, FileRecord] | None = None  # None: not shared with other shards
 
 
-@collection_paused()  # what it builds lives until the run ends
+class Plan:
+    """A planned run: its outcome so far, its progress, the jobs to run in windows, and the
+    records of every file in place (kept, then committed as the windows finish)."""
+
+    def __init__(self, where: Destination, files: FileTable, outcome: Outcome) -> None:
+        self.where = where
+        self.outcome = outcome
+        self.progress = Progress(0, 0, 0)
+        self.todo = files.sibling()
+        self._db = files.db
+        self._final = files.scratch.new_name("final")
+        self._db.execute(f"CREATE TABLE {self._final} ({_RECORD})")
+
+    def keep(self, records: Iterable[tuple[str, FileRecord]]) -> None:
+        """Note files in place (kept or just committed), for the manifest."""
+        self._db.executemany(
+            f"INSERT OR REPLACE INTO {self._final} VALUES (?, ?, ?, ?, ?)",
+            ((p, r.size, r.checksum, r.version, r.mtime_ns) for p, r in records),
+        )
+
+    def records(self) -> Iterator[tuple[str, FileRecord]]:
+        """Every file in place, in path order (the manifest's)."""
+        cursor = self._db.execute(f"SELECT * FROM {self._final} ORDER BY path")
+        while rows := cursor.fetchmany(BATCH):
+            for path, size, checksum, version, mtime_ns in rows:
+                yield path, FileRecord(size, checksum, version, mtime_ns)
+
+    def small_files(self) -> int:
+        """Files to fetch in one range: those worker processes may share."""
+        (count,) = self._db.execute(
+            f"SELECT COUNT(*) FROM {self.todo.name} WHERE size <= ?", (RANGE_SIZE,)
+        ).fetchone()
+        return int(count)
+
+    def windows(self, share: int = 0, count: int = 1) -> Iterator[list[FileJob]]:
+        """Share ``share`` of ``count`` processes' jobs, largest first, ``WINDOW`` at a time,
+        each window's made as it is due. The small files are dealt out in turn by size, so
+        each share gets as many bytes; share 0 (the parent) also takes every larger file.
+        Another process than the one that planned reads the plan through a connection of
+        its own (a connection must not cross a fork)."""
+        db = self._db if share == 0 else self.todo.scratch.reader()
+        room = partial(make_room_for, self.where.dest, made=set(), where="the source")
+        rows = db.execute(
+            f"SELECT {COLUMNS} FROM (SELECT *, CASE WHEN size > :large THEN 0 ELSE "
+            f"(ROW_NUMBER() OVER (PARTITION BY size > :large ORDER BY size DESC, seq) - 1) "
+            f"% :count END AS share FROM {self.todo.name}) "
+            "WHERE share = :share ORDER BY size DESC, seq",
+            {"large": RANGE_SIZE, "count": count, "share": share},
+        )
+        while batch := rows.fetchmany(WINDOW):
+            yield [_job(row_to_file(row), self.where.dest, room) for row in batch]
+
+    def keep_committed(self, commits: CommitLog) -> None:
+        """Note the files this run committed (every process's, from the commit log), for
+        the manifest: the last record of a path wins, and only paths this run fetched."""
+        staged = self.todo.scratch.new_name("committed")
+        self._db.execute(f"CREATE TABLE {staged} ({_RECORD})")
+        self._db.executemany(
+            f"INSERT OR REPLACE INTO {staged} VALUES (?, ?, ?, ?, ?)",
+            ((p, r.size, r.checksum, r.version, r.mtime_ns) for p, r in commits.records()),
+        )
+        self._db.execute(
+            f"INSERT OR REPLACE INTO {self._final} SELECT * FROM {staged} "
+            f"WHERE path IN (SELECT path FROM {self.todo.name})"
+        )
+        self._db.commit()
+
+
+@collection_paused()  # a window's objects live until it is done
 def plan(
-    where: Destination, files: list[RemoteFile], source_uri: str, revision: str | None
+    where: Destination, files: Iterable[RemoteFile], source_uri: str, revision: str | None
 ) -> Plan:
     """What is in place, what is stale (removed here) and the jobs for the rest; an outcome
     marked up to date when there is nothing to do."""
-    old = read_manifest_file(where.record)
-    ours = _earlier_records(where, old.files if old else {})
-    kept: dict[str, FileRecord] = {}
-    todo: list[RemoteFile] = []
-    for remote in files:
-        record = ours.get(remote.path)
+    listed = as_table(files)
+    head = read_manifest_head(where.record)
+    planned = Plan(where, listed, Outcome(len(listed), bytes_total=listed.total_bytes))
+    earlier = _earlier_records(where, listed, head is not None)
+    kept_bytes = kept_count = 0
+    batch: list[tuple[str, FileRecord]] = []
+    for remote, record in _with_records(listed, earlier):
         if (
             record
             and record.version == remote.version
             and record.size == remote.size
             and record_is_intact(where.dest, remote.path, record)
         ):
-            kept[remote.path] = record
+            batch.append((remote.path, record))
+            kept_bytes += record.size
+            kept_count += 1
+            if len(batch) >= BATCH:
+                planned.keep(batch)
+                batch.clear()
         else:
-            todo.append(remote)
-    listed = {f.path for f in files}
-    stale = [] if where.earlier is not None else sorted(p for p in ours if p not in listed)
-    outcome = Outcome(files_total=len(files), bytes_total=sum(f.size for f in files))
-    unchanged = old is not None and old.source == source_uri and old.revision == revision
-    if not todo and not stale and unchanged:
-        outcome.up_to_date = True
+            planned.todo.append(remote)
+    planned.keep(batch)
+    planned.todo.flush()
+    listed.db.commit()
+    stale = [] if where.earlier is not None else _stale(listed, earlier)
+    unchanged = head is not None and head.source == source_uri and head.revision == revision
+    if not planned.todo and not stale and unchanged:
+        planned.outcome.up_to_date = True
         where.commits.remove()  # left behind by a run killed just after its manifest
-        return Plan(outcome, kept, [], Progress(0, 0, 0))
+        return planned
 
     remove_manifest(where.dest)  # the tree is about to change
     where.record.unlink(missing_ok=True)
-    outcome.removed = _remove_stale(where, stale)
-    jobs = _plan_jobs(where.dest, todo)
-    outcome.bytes_resumed = sum(job.present for job in jobs)
-    _check_space(where.dest, jobs)
-    progress = Progress(
-        len(files),
-        outcome.bytes_total,
-        sum(r.size for r in kept.values()) + outcome.bytes_resumed,
-        files_present=len(kept),
+    planned.outcome.removed = _remove_stale(where, stale)
+    resumed = _check_space(where.dest, planned.todo)
+    planned.outcome.bytes_resumed = resumed
+    planned.progress = Progress(
+        len(listed), listed.total_bytes, kept_bytes + resumed, files_present=kept_count
     )
-    if jobs:
-        resumed = outcome.bytes_resumed
+    if planned.todo:
         log.info(
             "%s: fetching %d of %d files (%s)%s",
             where.label,
-            len(jobs),
-            len(files),
-            human_bytes(sum(j.remote.size for j in jobs)),
+            len(planned.todo),
+            len(listed),
+            human_bytes(planned.todo.total_bytes),
             f", resuming {human_bytes(resumed)} already on disk" if resumed else "",
         )
-    return Plan(outcome, kept, jobs, progress)
+    return planned
 
 
-def _earlier_records(
-    where: Destination, recorded: Mapping[str, FileRecord]
-) -> dict[str, FileRecord]:
-    """Every record an earlier run left: for a shard, the last complete tree's and the other
-    runs' shards' first; then this record's; then a killed run's commit log."""
-    ours: dict[str, FileRecord] = {}
+def _job(remote: RemoteFile, dest: Path, room: Callable[[Path], None]) -> FileJob:
+    """A file's job, its ranges planned. A resumable file's folder is readied now, as its
+    .part is looked at; the others' wait for their first request."""
+    job = FileJob(remote, dest, room)
+    if job.resumable:
+        job.make_room()
+    job.plan()
+    return job
+
+
+def _earlier_records(where: Destination, listed: FileTable, recorded: bool) -> str:
+    """A table of every record an earlier run left, by path: for a shard, the last complete
+    tree's and the other runs' shards' first; then this record's; then a killed run's commit
+    log (later ones win). A manifest unreadable anywhere counts for none of its files."""
+    db = listed.db
+    name, staged = listed.scratch.new_name("earlier"), listed.scratch.new_name("staged")
+    db.execute(f"CREATE TABLE {name} ({_RECORD})")
+    db.execute(f"CREATE TABLE {staged} ({_RECORD})")
+    sources: list[Callable[[], Iterable[tuple[str, FileRecord]]]] = []
     if where.earlier is not None:
-        complete = read_manifest(where.dest)
-        ours.update(complete.files if complete else {})
-        ours.update(where.earlier)
-    ours.update(recorded)
-    ours.update(where.commits.load())
-    return ours
+        earlier = where.earlier
+        sources += [partial(manifest_records, manifest_path(where.dest)), earlier.items]
+    if recorded:
+        sources.append(partial(manifest_records, where.record))
+    sources.append(where.commits.records)
+    for records in sources:
+        db.execute(f"DELETE FROM {staged}")
+        try:
+            db.executemany(
+                f"INSERT OR REPLACE INTO {staged} VALUES (?, ?, ?, ?, ?)",
+                ((p, r.size, r.checksum, r.version, r.mtime_ns) for p, r in records()),
+            )
+        except ValueError:  # torn or foreign: not trusted for any file
+            continue
+        db.execute(f"INSERT OR REPLACE INTO {name} SELECT * FROM {staged}")
+    db.execute(f"DROP TABLE {staged}")
+    return name
+
+
+def _with_records(
+    listed: FileTable, earlier: str
+) -> Iterator[tuple[RemoteFile, FileRecord | None]]:
+    """Each listed file with its earlier record, if any, in the order listed."""
+    rows = listed.db.execute(
+        f"SELECT f.path, f.size, f.version, f.algorithm, f.digest, f.parts, f.locator, "
+        f"f.ranged, e.size, e.checksum, e.version, e.mtime_ns FROM {listed.name} f "
+        f"LEFT JOIN {earlier} e ON e.path = f.path ORDER BY f.seq"
+    )
+    while batch := rows.fetchmany(BATCH):
+        for row in batch:
+            record = None if row[8] is None else FileRecord(*row[8:12])
+            yield row_to_file(row), record
+
+
+def _stale(listed: FileTable, earlier: str) -> list[str]:
+    """Paths an earlier run committed that the source no longer lists, in path order."""
+    rows = listed.db.execute(
+        f"SELECT path FROM {earlier} WHERE path NOT IN (SELECT path FROM {listed.name}) "
+        "ORDER BY path"
+    )
+    return [path for (path,) in rows]
 
 
 def _remove_stale(where: Destination, stale: list[str]) -> list[str]:
@@ -154,26 +273,24 @@ def _remove_stale(where: Destination, stale: list[str]) -> list[str]:
     return removed
 
 
-def _plan_jobs(dest: Path, todo: list[RemoteFile]) -> list[FileJob]:
-    """A job per file, largest first (the shortest tail). A resumable file's folder is readied
-    now, as its .part is looked at; the others' wait for their first request."""
-    made: set[Path] = set()  # this run's folders, created or checked once (per process)
-    room = partial(make_room_for, dest, made=made, where="the source")
-    jobs = []
-    for remote in sorted(todo, key=lambda f: -f.size):
-        job = FileJob(remote, dest, room)
-        if job.resumable:
-            job.make_room()
+def _check_space(dest: Path, todo: FileTable) -> int:
+    """Refuse a fetch the disk cannot hold; the bytes an interrupted run left that are kept.
+
+    Only a file large enough to be resumed can have bytes on disk already: only those jobs are
+    made here (their journal read), the rest count whole."""
+    resumed = 0
+    for remote in todo.query(
+        f"SELECT {COLUMNS} FROM {todo.name} WHERE size > ? AND ranged",
+        (CHECKPOINT,),
+    ):
+        job = FileJob(remote, dest)
         job.plan()
-        jobs.append(job)
-    return jobs
-
-
-def _check_space(dest: Path, jobs: list[FileJob]) -> None:
-    needed = sum(job.remote.size - job.present for job in jobs)
+        resumed += job.present
+    needed = todo.total_bytes - resumed
     free = shutil.disk_usage(dest).free
     if needed > free:
         raise LocalStorageError(
             f"{dest} has {human_bytes(free)} free but the fetch needs "
             f"{human_bytes(needed)} more; free space or use a bigger volume"
         )
+    return resumed

@@ -14,11 +14,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from initializers import native, processes
 from initializers.commits import GroupCommit
@@ -26,6 +26,8 @@ from initializers.destination import storage_error
 from initializers.errors import InitializerError, Interrupted, TransientError
 from initializers.fetching import Cancelled, FileFetcher
 from initializers.filejob import FileJob, interleaved
+from initializers.fsutil import fsync_dir
+from initializers.heap import kept_until_the_end
 from initializers.inflight import LOOP_PER_WORKER, MAX_BODIES_IN_FLIGHT, SMALL_BODY, SMALL_IN_FLIGHT
 from initializers.journal import CommitLog
 from initializers.manifest import FileRecord
@@ -35,6 +37,15 @@ from initializers.sources.base import Source
 from initializers.wholefiles import fetch_whole_files
 
 log = logging.getLogger(__name__)
+
+
+class Work(Protocol):
+    """What the scheduler runs: jobs in windows, dealt out between processes."""
+
+    def small_files(self) -> int: ...
+
+    def windows(self, share: int, count: int) -> Iterator[list[FileJob]]: ...
+
 
 STOPPED = "stopped by a signal; rerun to resume (fetched bytes are kept)"
 
@@ -63,33 +74,36 @@ class Scheduler:
         self.label = label
         self.progress_interval = progress_interval
 
-    def fetch_all(self, jobs: list[FileJob], progress: Progress) -> dict[str, FileRecord]:
-        """Fetch and commit every job, sharing many small files with forked processes."""
-        small = [job for job in jobs if len(job.ranges) == 1]
-        count = processes.process_count(len(small), self.workers)
+    def fetch_all(self, work: Work, progress: Progress) -> int:
+        """Fetch and commit every job of ``work``, sharing the small files with forked
+        processes; how many files were committed (their records are in the commit log)."""
+        count = processes.process_count(work.small_files(), self.workers)
         if count == 1:
             with Reporter(progress, self.label, self.progress_interval):
-                return self.run_jobs(jobs, self.workers, progress)
-        shares = [small[i::count] for i in range(count)]
-        mine = [job for job in jobs if len(job.ranges) != 1] + shares[0]
+                return self.run_windows(work.windows(0, 1), self.workers, progress)
         each = max(1, self.workers // count)
         self.source.close()  # a pooled connection must never be shared with a child
-        # Forked before any other thread of this process starts (the reporter, the workers).
+        # Forked once, before any other thread of this process starts (the reporter, the
+        # workers, a native client's runtime): each process then runs its share's windows.
         children = [
-            processes.fork(partial(self.run_jobs, share, each), self.stop) for share in shares[1:]
+            processes.fork(partial(self._share, work, i, count, each), self.stop)
+            for i in range(1, count)
         ]
-        log.debug("%s: %d worker processes share %d files", self.label, count, len(small))
+        log.debug("%s: %d worker processes share %d files", self.label, count, work.small_files())
         relay = threading.Thread(
             target=processes.gather,
             args=(children, self.stop, progress.add_counts),
             name="children",
         )
         own: BaseException | None = None
-        committed: dict[str, FileRecord] = {}
+        committed = 0
         with Reporter(progress, self.label, self.progress_interval):
             relay.start()
             try:
-                committed = self.run_jobs(mine, max(1, self.workers - each * (count - 1)), progress)
+                mine = work.windows(0, count)
+                committed = self.run_windows(
+                    mine, max(1, self.workers - each * (count - 1)), progress
+                )
             except InitializerError as exc:
                 own = exc
                 self.stop.set()  # the children stop too
@@ -101,8 +115,25 @@ class Scheduler:
         failures = [e for e in (own, *(child.error for child in children)) if e is not None]
         if failures:  # the real failure first, the Interrupted it caused elsewhere after it
             raise next((e for e in failures if not isinstance(e, Interrupted)), failures[0])
-        for child in children:
-            committed.update(child.result or {})
+        return committed + sum(int((child.result or {}).get("files", 0)) for child in children)
+
+    def _share(
+        self, work: Work, share: int, count: int, workers: int, progress: Any
+    ) -> dict[str, int]:
+        """A forked child's whole life: its share's windows; how many files it committed."""
+        return {"files": self.run_windows(work.windows(share, count), workers, progress)}
+
+    def run_windows(self, windows: Iterator[list[FileJob]], workers: int, progress: Any) -> int:
+        """Run each window of jobs in turn in this process; how many files were committed.
+        A window's objects are dropped before the next one's are made."""
+        committed = 0
+        while (jobs := next(windows, None)) is not None:
+            with kept_until_the_end():
+                records = self.run_jobs(jobs, workers, progress)
+            del jobs
+            committed += len(records)
+            for folder in {path.rpartition("/")[0] for path in records}:  # not Paths: 14 ms
+                fsync_dir(self.dest / folder)
         return committed
 
     def run_jobs(

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from initializers.filetable import BATCH, FileTable, as_table
 from initializers.patterns import is_selected, matches_any
 from initializers.sources.base import RemoteFile
 
@@ -13,16 +15,20 @@ log = logging.getLogger(__name__)
 SAFETENSORS = ("*.safetensors",)
 
 
+SHOWN = 5  # filtered-out paths the log names
+
+
 @dataclass
 class Selection:
-    files: list[RemoteFile]
-    filtered_out: list[str] = field(default_factory=list)
+    files: FileTable
+    filtered_out: list[str] = field(default_factory=list)  # the first SHOWN of them
+    filtered_count: int = 0
     conflicts: list[str] = field(default_factory=list)
     weights_note: str | None = None
 
 
 def select(
-    files: list[RemoteFile],
+    files: Iterable[RemoteFile],
     allow: tuple[str, ...],
     ignore: tuple[str, ...],
     *,
@@ -32,11 +38,12 @@ def select(
     """Apply the patterns; with default model patterns and no safetensors, take the fallback.
 
     The fallback only ever replaces *default* patterns: a user who set ALLOW_PATTERNS gets
-    exactly what they asked for.
+    exactly what they asked for. The chosen files go to a table beside the listing's.
     """
+    listed = as_table(files)
     note = None
     if fallback_weights and patterns_are_default:
-        if any(matches_any(f.path, SAFETENSORS) for f in files):
+        if any(matches_any(f.path, SAFETENSORS) for f in listed):
             note = "weights: *.safetensors found; skipping other weight formats"
         else:
             allow = allow + fallback_weights
@@ -45,21 +52,45 @@ def select(
                 f"weights: no *.safetensors in the source; falling back to "
                 f"{', '.join(fallback_weights)}"
             )
-    chosen, filtered = [], []
-    for remote in files:
-        (chosen if is_selected(remote.path, allow, ignore) else filtered).append(remote)
-    chosen, conflicts = _drop_file_folder_conflicts(chosen)
-    return Selection(chosen, [f.path for f in filtered], conflicts, note)
+    chosen = listed.sibling()
+    selection = Selection(chosen, weights_note=note)
+    for remote in listed:
+        if is_selected(remote.path, allow, ignore):
+            chosen.append(remote)
+        else:
+            selection.filtered_count += 1
+            if len(selection.filtered_out) < SHOWN:
+                selection.filtered_out.append(remote.path)
+    chosen.flush()
+    selection.conflicts = _file_folder_conflicts(chosen)
+    if selection.conflicts:
+        selection.files = chosen.sibling()
+        clashing = set(selection.conflicts)
+        selection.files.extend(f for f in chosen if f.path not in clashing)
+        selection.files.flush()
+    return selection
 
 
-def _drop_file_folder_conflicts(files: list[RemoteFile]) -> tuple[list[RemoteFile], list[str]]:
-    """A key that is also a folder prefix (``a`` and ``a/b``) cannot be a file on disk."""
-    folders: set[str] = set()
+def _file_folder_conflicts(files: FileTable) -> list[str]:
+    """Paths that are also another path's folder (``a`` and ``a/b``): they cannot be a file
+    on disk. The folders go to a table: a tree of a million files may have as many."""
+    folders = files.scratch.new_name("folders")
+    files.db.execute(f"CREATE TABLE {folders} (path TEXT PRIMARY KEY)")
+    last = ""
+    batch: list[tuple[str]] = []
     for file in files:
         folder = file.path.rpartition("/")[0]
-        while folder and folder not in folders:  # its ancestors are in already, if it is
-            folders.add(folder)
+        if folder == last:  # files of one folder mostly come together: its ancestors are in
+            continue
+        last = folder
+        while folder:
+            batch.append((folder,))
             folder = folder.rpartition("/")[0]
-    kept = [f for f in files if f.path not in folders]
-    conflicts = [f.path for f in files if f.path in folders]
-    return kept, conflicts
+        if len(batch) >= BATCH:
+            files.db.executemany(f"INSERT OR IGNORE INTO {folders} VALUES (?)", batch)
+            batch.clear()
+    files.db.executemany(f"INSERT OR IGNORE INTO {folders} VALUES (?)", batch)
+    rows = files.db.execute(
+        f"SELECT path FROM {files.name} WHERE path IN (SELECT path FROM {folders}) ORDER BY seq"
+    )
+    return [path for (path,) in rows]

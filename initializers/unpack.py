@@ -25,9 +25,10 @@ import stat
 import tarfile
 import threading
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import IO
 
@@ -68,10 +69,13 @@ def is_archive(name: str) -> bool:
     return name.lower().endswith(SUFFIXES)
 
 
-def archive_to_unpack(source: Source, files: list[RemoteFile]) -> RemoteFile | None:
+def archive_to_unpack(source: Source, files: Iterable[RemoteFile]) -> RemoteFile | None:
     """The one file to unpack, when the source unpacks archives and lists just one."""
-    if source.unpacks_archives and len(files) == 1 and is_archive(files[0].path):
-        return files[0]
+    if not source.unpacks_archives:
+        return None
+    first_two = list(islice(files, 2))
+    if len(first_two) == 1 and is_archive(first_two[0].path):
+        return first_two[0]
     return None
 
 

@@ -94,11 +94,12 @@ collections = []
 gc.callbacks.append(lambda phase, info: phase == "start" and collections.append(1))
 planned = plan(where, files, "s3://bucket/d", None)
 gc.callbacks.clear()
-job = planned.jobs[0]
+jobs = [job for window in planned.windows() for job in window]
+job = jobs[0]
 print(json.dumps({
     "collections": len(collections),
-    "jobs": len(planned.jobs),
-    "kept": len(planned.kept),
+    "jobs": len(jobs),
+    "kept": len(list(planned.records())),
     "up_to_date": planned.outcome.up_to_date,
     "first": [job.ranges, job.present, job.remote.size],
 }))

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Self
 from initializers.streams import RangeReader
 
 if TYPE_CHECKING:
+    from initializers.filetable import FileTable
     from initializers.native import Streamed
     from initializers.options import SourceSettings
 
@@ -50,7 +51,7 @@ class Listing:
     """Everything under a storage URI at one point in time."""
 
     revision: str | None  # resolved commit (Hub); None where the source has no such notion
-    files: list[RemoteFile]
+    files: list[RemoteFile] | FileTable  # a large listing is on disk, not in memory
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (raw name, why) refused
 
 

@@ -42,6 +42,7 @@ from initializers.errors import (
     tls_refused,
     unloadable_ca_bundle,
 )
+from initializers.filetable import FileTable
 from initializers.fsutil import UnsafePathError, safe_relpath
 from initializers.httpstatus import check_status, is_transient
 from initializers.native import WHOLE_BODY, NativeHttp, NativeRefused, Streamed, read_roots
@@ -192,10 +193,10 @@ class HfSource(Source):
             raise NotFoundError(f"{self.describe()} holds no files")
         return Listing(self._commit, files, skipped)
 
-    def _listed(self) -> tuple[list[RemoteFile], list[tuple[str, str]]]:
-        """The files, each made a RemoteFile as its page of the tree arrives (a RepoFile is
-        ~1 KiB: a large repo's were all held at once before)."""
-        files, skipped = [], []
+    def _listed(self) -> tuple[FileTable, list[tuple[str, str]]]:
+        """The files, each put in the listing's table on disk as its page of the tree arrives
+        (memory holds a page, however large the repo)."""
+        files, skipped = FileTable(), []
         # Every file keeps its path in the repository, sub-path or not: upstream downloads the
         # whole repo with its layout, and the Kubeflow SDK's TorchTune trainer then reads
         # /workspace/dataset/<sub-path> (as `hf download --include` lays it out too).

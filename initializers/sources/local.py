@@ -26,6 +26,7 @@ from types import MappingProxyType
 from typing import Self
 
 from initializers.errors import AuthError, IntegrityError, NotFoundError, UsageError
+from initializers.filetable import FileTable
 from initializers.fsutil import JOURNAL_SUFFIX, PART_SUFFIX, UnsafePathError, safe_relpath
 from initializers.options import SourceSettings
 from initializers.sources.base import Listing, RemoteFile, Source
@@ -69,7 +70,7 @@ class LocalSource(Source):
             return Listing(None, [_remote(self.root.name, self.root, top)])
         if not stat.S_ISDIR(top.st_mode):
             raise UsageError(f"{self.describe()} is neither a folder nor a regular file")
-        files: list[RemoteFile] = []
+        files = FileTable()  # on disk: memory does not grow with the tree
         skipped: list[tuple[str, str]] = []
         for relative, path, why in self._walk():
             if why:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from initializers.errors import NotFoundError, UsageError
+from initializers.filetable import FileTable
 from initializers.fsutil import UnsafePathError, safe_relpath
 from initializers.retry import RetryPolicy
 from initializers.sources.base import Listing, RemoteFile
@@ -57,13 +58,12 @@ def list_prefix(
     """List ``prefix`` by the rule above; ``nouns`` name the objects and their container in the
     not-found message ("blobs", "container" for Azure).
 
-    ``list_folder`` gives the entries as its pages arrive, and each is made a RemoteFile at
-    once: a page's raw entries are dropped before the next page's come (a 100,000-object
-    listing held ~57 MiB of them at its end, on top of the RemoteFiles made from them)."""
+    ``list_folder`` gives the entries as its pages arrive, and each goes to the listing's
+    table on disk at once: memory holds a page, however many objects there are."""
     folder = prefix if prefix.endswith("/") or not prefix else prefix + "/"
 
-    def listed() -> tuple[int, list[RemoteFile], list[tuple[str, str]]]:
-        count, files, skipped = 0, [], []
+    def listed() -> tuple[int, FileTable, list[tuple[str, str]]]:
+        count, files, skipped = 0, FileTable(), []
         for entry in list_folder(folder):
             count += 1
             if entry.key.endswith("/") and entry.size == 0:

@@ -1,0 +1,194 @@
+"""Memory against the number of files: ours and s5cmd on 10,000 to 1,000,000 small S3 objects.
+
+``python -m benchmarks.manyfiles [--counts 10000 100000 1000000] [--rounds 5]`` runs, for each
+count, against the synthetic endpoint (:mod:`benchmarks.synthetic`: no fixture on disk), paired
+rounds of a cold fetch by ours (``dataset-initializer``) and by s5cmd, their order alternating,
+then ours again on its complete tree (the warm rerun). Each run's peak tree memory, wall time,
+delay to its first data GET (from nginx's log) and, for the warm rerun, the object GETs it
+made. It prints a table and writes ``results.json`` under ``.bench/results/manyfiles-<time>/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from benchmarks import measure
+from benchmarks.accesslog import parse_line
+from benchmarks.synthetic import BUCKET, PREFIX, endpoint, total_bytes
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Run:
+    count: int
+    contender: str
+    round: int
+    wall_s: float
+    cpu_s: float
+    peak_rss_mib: float
+    first_get_s: float | None
+    object_gets: int
+    returncode: int
+
+
+def _log_position(log: Path) -> int:
+    return log.stat().st_size if log.exists() else 0
+
+
+def _gets_since(log: Path, position: int, started: float) -> tuple[float | None, int]:
+    """(seconds from ``started`` to the first object GET, object GETs) after ``position``."""
+    first, count = None, 0
+    with open(log, "rb") as stream:
+        stream.seek(position)
+        for raw in stream:
+            entry = parse_line(raw.decode(errors="replace"))
+            if entry and entry.method == "GET" and entry.path.startswith(f"/{BUCKET}/{PREFIX}"):
+                count += 1
+                arrived = entry.arrived - started
+                first = arrived if first is None else min(first, arrived)
+    return first, count
+
+
+def _contenders(url: str, dest: Path) -> dict[str, list[str]]:
+    venv = Path(sys.executable).parent
+    return {
+        "ours": [str(venv / "dataset-initializer"), "--output", str(dest)],
+        "s5cmd": [
+            str(venv / "s5cmd"),
+            "--endpoint-url",
+            url,
+            "--no-sign-request",
+            "--log",
+            "error",
+            "cp",
+            f"s3://{BUCKET}/{PREFIX}*",
+            f"{dest}/",
+        ],
+    }
+
+
+def _run(name: str, argv: list[str], env: dict[str, str], work: Path, log: Path) -> tuple:
+    position = _log_position(log)
+    got = measure.run(argv, env, work / f"{name}.log", timeout_s=3600)
+    time.sleep(0.2)  # nginx writes a line as a response ends
+    first, gets = _gets_since(log, position, got.started_at)
+    return got, first, gets
+
+
+def measure_count(count: int, rounds: int, work: Path) -> list[Run]:
+    runs: list[Run] = []
+    with endpoint(count, work / "endpoint") as url:
+        log = work / "endpoint" / "access.log"
+        env = {
+            **os.environ,
+            "STORAGE_URI": f"s3://{BUCKET}/{PREFIX}",
+            "ENDPOINT": url,
+            "ANONYMOUS": "true",
+            "REGION": "us-east-1",
+            "PROGRESS_INTERVAL": "30",
+        }
+        for r in range(rounds):
+            order = ["ours", "s5cmd"] if r % 2 == 0 else ["s5cmd", "ours"]
+            for name in order:
+                dest = work / f"dest-{name}"
+                shutil.rmtree(dest, ignore_errors=True)
+                got, first, gets = _run(name, _contenders(url, dest)[name], env, work, log)
+                runs.append(
+                    Run(
+                        count,
+                        name,
+                        r,
+                        got.wall_s,
+                        got.cpu_s,
+                        got.peak_rss_mib,
+                        first,
+                        gets,
+                        got.returncode,
+                    )
+                )
+                _check(name, got.returncode, dest, count, work)
+            dest = work / "dest-ours"
+            got, first, gets = _run("warm", _contenders(url, dest)["ours"], env, work, log)
+            runs.append(
+                Run(
+                    count,
+                    "ours-warm",
+                    r,
+                    got.wall_s,
+                    got.cpu_s,
+                    got.peak_rss_mib,
+                    first,
+                    gets,
+                    got.returncode,
+                )
+            )
+    return runs
+
+
+def _check(name: str, code: int, dest: Path, count: int, work: Path) -> None:
+    """Every object landed: the run counts only if its tree is right."""
+    if code != 0:
+        raise SystemExit(f"{name} exited {code}; see {work / (name + '.log')}")
+    found = sum(1 for _, _, files in os.walk(dest) for file in files if not file.startswith("."))
+    if found != count:
+        raise SystemExit(f"{name}: {found} files in {dest}, expected {count}")
+
+
+def report(runs: list[Run]) -> str:
+    lines = [
+        "| files | contender | rounds | peak tree RSS MiB (median, range) | wall s (median) "
+        "| first GET s (median) | object GETs |",
+        "|---:|---|---:|---|---:|---:|---:|",
+    ]
+    keyed: dict[tuple[int, str], list[Run]] = {}
+    for run in runs:
+        keyed.setdefault((run.count, run.contender), []).append(run)
+    for (count, name), group in sorted(keyed.items()):
+        rss = [r.peak_rss_mib for r in group]
+        firsts = [r.first_get_s for r in group if r.first_get_s is not None]
+        lines.append(
+            f"| {count:,} | {name} | {len(group)} | {statistics.median(rss):.0f} "
+            f"({min(rss):.0f}-{max(rss):.0f}) | {statistics.median(r.wall_s for r in group):.1f} "
+            f"| {statistics.median(firsts):.2f} | {group[-1].object_gets:,} |"
+            if firsts
+            else f"| {count:,} | {name} | {len(group)} | {statistics.median(rss):.0f} "
+            f"({min(rss):.0f}-{max(rss):.0f}) | {statistics.median(r.wall_s for r in group):.1f} "
+            f"| - | {group[-1].object_gets:,} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.manyfiles", description=__doc__)
+    parser.add_argument("--counts", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args(argv)
+    out = REPO / ".bench" / "results" / f"manyfiles-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True)
+    runs: list[Run] = []
+    for count in args.counts:
+        work = out / f"n{count}"
+        work.mkdir()
+        print(f"{count:,} objects ({total_bytes(count) / (1 << 20):.0f} MiB)...", flush=True)
+        runs += measure_count(count, args.rounds, work)
+        for folder in work.glob("dest-*"):
+            shutil.rmtree(folder, ignore_errors=True)
+        print(report([r for r in runs if r.count == count]), flush=True)
+    (out / "results.json").write_text(json.dumps([asdict(r) for r in runs], indent=1))
+    table = report(runs)
+    (out / "report.md").write_text(table)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""Listings on disk: a run's files in an SQLite table, so memory does not grow with their count.
+
+A listing of a million keys held as Python objects took gigabytes; the same rows in a table in
+a scratch file take a few hundred bytes of disk each and no memory beyond SQLite's page cache
+(capped here). A source appends files as its pages arrive; the selection, the plan and the
+manifest read them back in batches and ask the questions that need every file (which paths are
+also folders, which records of an earlier run are no longer listed) as queries.
+
+The scratch file lives in a folder of its own under ``TMPDIR`` (the run's, not the
+destination's: the destination of a shared asset store is known only once the listing is) and
+goes when the run ends. It is scratch: nothing in it must survive a crash, so SQLite is told
+to keep no journal and never to sync.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import tempfile
+import weakref
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from initializers.errors import LocalStorageError
+from initializers.sources.base import Checksum, RemoteFile
+
+BATCH = 4096  # rows written or read at a time
+PAGE_CACHE_KIB = 8192  # SQLite's page cache per scratch database
+
+COLUMNS = "path, size, version, algorithm, digest, parts, locator, ranged"
+_SCHEMA = (
+    "seq INTEGER PRIMARY KEY, path TEXT NOT NULL, size INTEGER NOT NULL, version TEXT, "
+    "algorithm TEXT, digest TEXT, parts TEXT, locator TEXT NOT NULL, ranged INTEGER NOT NULL"
+)
+
+
+class Scratch:
+    """One scratch SQLite database: a run's tables that would not fit in memory."""
+
+    def __init__(self) -> None:
+        try:
+            self.folder = Path(tempfile.mkdtemp(prefix="initializer-plan-"))
+            self.db = sqlite3.connect(self.folder / "plan.sqlite", check_same_thread=False)
+        except (OSError, sqlite3.Error) as exc:
+            raise LocalStorageError(
+                f"cannot make the run's scratch file under {tempfile.gettempdir()}: {exc}; "
+                "set TMPDIR to a writable folder"
+            ) from None
+        for pragma in (
+            "journal_mode = OFF",
+            "synchronous = OFF",
+            "temp_store = FILE",
+            f"cache_size = -{PAGE_CACHE_KIB}",
+        ):
+            self.db.execute(f"PRAGMA {pragma}")
+        self._names = 0
+        self._closer = weakref.finalize(self, _remove, self.db, self.folder)
+
+    def reader(self) -> sqlite3.Connection:
+        """A connection of this process's own (after a fork), to read what was committed."""
+        return sqlite3.connect(f"file:{self.folder / 'plan.sqlite'}?mode=ro", uri=True)
+
+    def new_name(self, stem: str) -> str:
+        self._names += 1
+        return f"{stem}_{self._names}"
+
+    def close(self) -> None:
+        self._closer()
+
+
+def _remove(db: sqlite3.Connection, folder: Path) -> None:
+    db.close()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+class FileTable:
+    """Remote files in the order they were added, kept in a scratch database.
+
+    Iterating reads them back in batches: never hold a list of them. ``len`` and truth are
+    cheap. Not for use from two threads at once.
+    """
+
+    def __init__(self, scratch: Scratch | None = None) -> None:
+        self.scratch = scratch or Scratch()
+        self.name = self.scratch.new_name("files")
+        self.db.execute(f"CREATE TABLE {self.name} ({_SCHEMA})")
+        self._pending: list[tuple[object, ...]] = []
+        self._count = 0
+        self._bytes = 0
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        return self.scratch.db
+
+    def sibling(self) -> FileTable:
+        """An empty table in the same database (so the two can be joined)."""
+        return FileTable(self.scratch)
+
+    def append(self, file: RemoteFile) -> None:
+        checksum = file.checksum
+        self._pending.append(
+            (
+                file.path,
+                file.size,
+                file.version,
+                checksum.algorithm if checksum else None,
+                checksum.value if checksum else None,
+                ",".join(map(str, checksum.parts)) if checksum and checksum.parts else None,
+                file.locator,
+                int(file.ranged),
+            )
+        )
+        self._count += 1
+        self._bytes += file.size
+        if len(self._pending) >= BATCH:
+            self.flush()
+
+    def extend(self, files: Iterable[RemoteFile]) -> None:
+        for file in files:
+            self.append(file)
+
+    def flush(self) -> None:
+        if self._pending:
+            self.db.executemany(
+                f"INSERT INTO {self.name} ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                self._pending,
+            )
+            self.db.commit()  # a forked worker reads the table through a connection of its own
+            self._pending.clear()
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __bool__(self) -> bool:
+        return self._count > 0
+
+    @property
+    def total_bytes(self) -> int:
+        return self._bytes
+
+    def __iter__(self) -> Iterator[RemoteFile]:
+        return self.query(f"SELECT {COLUMNS} FROM {self.name} ORDER BY seq")
+
+    def query(self, sql: str, parameters: tuple[object, ...] = ()) -> Iterator[RemoteFile]:
+        """Files from a query whose first eight columns are a row of this table's."""
+        self.flush()
+        cursor = self.db.execute(sql, parameters)
+        while rows := cursor.fetchmany(BATCH):
+            for row in rows:
+                yield row_to_file(row)
+
+    def first(self) -> RemoteFile | None:
+        return next(iter(self), None)
+
+
+def row_to_file(row: tuple[object, ...]) -> RemoteFile:
+    path, size, version, algorithm, digest, parts, locator, ranged = row[:8]
+    checksum = None
+    if algorithm is not None:
+        sizes = tuple(int(p) for p in str(parts).split(",")) if parts else ()
+        checksum = Checksum(str(algorithm), str(digest), sizes)
+    return RemoteFile(
+        str(path),
+        int(size),  # type: ignore[call-overload]
+        None if version is None else str(version),
+        checksum,
+        str(locator),
+        bool(ranged),
+    )
+
+
+def as_table(files: Iterable[RemoteFile]) -> FileTable:
+    """``files`` as a table: itself when it is one, else a new table holding them."""
+    if isinstance(files, FileTable):
+        return files
+    table = FileTable()
+    table.extend(files)
+    table.flush()
+    return table

@@ -44,7 +44,6 @@ from initializers.errors import (
     UsageError,
 )
 from initializers.filetable import FileTable
-from initializers.heap import collection_paused
 from initializers.interrupts import interrupt_reads
 from initializers.logs import RedactSecrets, configure
 from initializers.retry import RetryPolicy
@@ -131,8 +130,7 @@ def _fetch(settings: Settings, stop: _StopOnSignal) -> None:
             raise UsageError(
                 f"{source.describe()} is one archive, which one pod unpacks: drop SHARDS"
             )
-        with collection_paused():
-            chosen: Iterable[RemoteFile] = [] if archive else choose(listing.files)
+        chosen: Iterable[RemoteFile] = [] if archive else choose(listing.files)
         spec = ShardSpec(settings.shards, settings.shard_index, settings.shard_run)
 
         recorded = _recorded_uri(settings.storage_uri)
@@ -163,8 +161,7 @@ def _fetch(settings: Settings, stop: _StopOnSignal) -> None:
 def _list(source: Source, kind: str) -> Listing:
     """The source's listing (a large one on disk), its unsafe names reported."""
     log.info("%s: listing %s", kind, source.describe())
-    with collection_paused():  # what the listing holds lives until the run ends
-        listing = source.list()
+    listing = source.list()
     for name, why in listing.skipped:
         log.warning("skipped %r: the name %s", name, why)
     if not listing.files and listing.skipped:

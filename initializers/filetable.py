@@ -92,6 +92,33 @@ class FileTable:
     def db(self) -> sqlite3.Connection:
         return self.scratch.db
 
+    def paths(self) -> Iterator[tuple[int, str]]:
+        """``(row, path)`` of every file, in order: what a question about names needs."""
+        self.flush()
+        cursor = self.db.execute(f"SELECT seq, path FROM {self.name} ORDER BY seq")
+        while rows := cursor.fetchmany(BATCH):
+            yield from rows
+
+    def without(self, rows: Iterable[int]) -> FileTable:
+        """This table less the given rows: a view over it, nothing copied (itself when no
+        row is left out). ``rows`` may be read as this table is: they go to a table too."""
+        self.flush()
+        left_out = self.scratch.new_name("left_out")
+        self.db.execute(f"CREATE TABLE {left_out} (seq INTEGER PRIMARY KEY)")
+        self.db.executemany(f"INSERT OR IGNORE INTO {left_out} VALUES (?)", ((r,) for r in rows))
+        if not self.db.execute(f"SELECT 1 FROM {left_out} LIMIT 1").fetchone():
+            return self
+        view = FileTable.__new__(FileTable)
+        view.scratch, view.name, view._pending = self.scratch, self.scratch.new_name("view"), []
+        self.db.execute(
+            f"CREATE VIEW {view.name} AS SELECT * FROM {self.name} "
+            f"WHERE seq NOT IN (SELECT seq FROM {left_out})"
+        )
+        self.db.commit()
+        count, size = self.db.execute(f"SELECT COUNT(*), SUM(size) FROM {view.name}").fetchone()
+        view._count, view._bytes = count, size or 0
+        return view
+
     def sibling(self) -> FileTable:
         """An empty table in the same database (so the two can be joined)."""
         return FileTable(self.scratch)

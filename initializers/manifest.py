@@ -188,7 +188,7 @@ def remove_manifest(dest: Path) -> None:
 def record_is_intact(dest: Path, relpath: str, record: FileRecord) -> bool:
     """True when the file is still the one we committed (same size and mtime)."""
     try:
-        st = os.stat(dest / relpath, follow_symlinks=False)
+        st = os.stat(os.path.join(dest, relpath), follow_symlinks=False)
     except OSError:
         return False
     return st.st_size == record.size and st.st_mtime_ns == record.mtime_ns

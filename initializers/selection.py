@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from initializers.filetable import BATCH, FileTable, as_table
@@ -43,7 +43,7 @@ def select(
     listed = as_table(files)
     note = None
     if fallback_weights and patterns_are_default:
-        if any(matches_any(f.path, SAFETENSORS) for f in listed):
+        if any(matches_any(path, SAFETENSORS) for _, path in listed.paths()):
             note = "weights: *.safetensors found; skipping other weight formats"
         else:
             allow = allow + fallback_weights
@@ -52,34 +52,32 @@ def select(
                 f"weights: no *.safetensors in the source; falling back to "
                 f"{', '.join(fallback_weights)}"
             )
-    chosen = listed.sibling()
-    selection = Selection(chosen, weights_note=note)
-    for remote in listed:
-        if is_selected(remote.path, allow, ignore):
-            chosen.append(remote)
-        else:
-            selection.filtered_count += 1
-            if len(selection.filtered_out) < SHOWN:
-                selection.filtered_out.append(remote.path)
-    chosen.flush()
-    selection.conflicts = _file_folder_conflicts(chosen)
-    if selection.conflicts:
-        selection.files = chosen.sibling()
-        clashing = set(selection.conflicts)
-        selection.files.extend(f for f in chosen if f.path not in clashing)
-        selection.files.flush()
+    selection = Selection(listed, weights_note=note)
+
+    def left_out() -> Iterator[int]:
+        for row, path in listed.paths():
+            if not is_selected(path, allow, ignore):
+                selection.filtered_count += 1
+                if len(selection.filtered_out) < SHOWN:
+                    selection.filtered_out.append(path)
+                yield row
+
+    chosen = listed.without(left_out())
+    conflicts = _file_folder_conflicts(chosen)
+    selection.conflicts = [path for _, path in conflicts]
+    selection.files = chosen.without(row for row, _ in conflicts)
     return selection
 
 
-def _file_folder_conflicts(files: FileTable) -> list[str]:
+def _file_folder_conflicts(files: FileTable) -> list[tuple[int, str]]:
     """Paths that are also another path's folder (``a`` and ``a/b``): they cannot be a file
     on disk. The folders go to a table: a tree of a million files may have as many."""
     folders = files.scratch.new_name("folders")
     files.db.execute(f"CREATE TABLE {folders} (path TEXT PRIMARY KEY)")
     last = ""
     batch: list[tuple[str]] = []
-    for file in files:
-        folder = file.path.rpartition("/")[0]
+    for _, path in files.paths():
+        folder = path.rpartition("/")[0]
         if folder == last:  # files of one folder mostly come together: its ancestors are in
             continue
         last = folder
@@ -90,7 +88,7 @@ def _file_folder_conflicts(files: FileTable) -> list[str]:
             files.db.executemany(f"INSERT OR IGNORE INTO {folders} VALUES (?)", batch)
             batch.clear()
     files.db.executemany(f"INSERT OR IGNORE INTO {folders} VALUES (?)", batch)
-    rows = files.db.execute(
-        f"SELECT path FROM {files.name} WHERE path IN (SELECT path FROM {folders}) ORDER BY seq"
-    )
-    return [path for (path,) in rows]
+    return files.db.execute(
+        f"SELECT seq, path FROM {files.name} WHERE path IN (SELECT path FROM {folders}) "
+        "ORDER BY seq"
+    ).fetchall()

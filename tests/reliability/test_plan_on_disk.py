@@ -1,0 +1,142 @@
+"""The plan on disk: a stop while a long listing arrives, and the previous release's manifests.
+
+The listing, the selection and the plan live in a scratch table under TMPDIR: a run stopped
+before fetching leaves neither the table nor anything in the destination, and a destination the
+previous release completed (its manifest written by that code) is complete for this one too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+from initializers.manifest import find_problems
+from tests.conftest import clean_env
+
+PAGE = 1000
+PAGES = 200
+
+
+class _SlowListing(BaseHTTPRequestHandler):
+    """ListObjectsV2 of ``PAGES`` pages of ``PAGE`` keys, a tenth of a second a page."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        query = {k: v[0] for k, v in parse_qs(urlsplit(self.path).query).items()}
+        page = int(query.get("continuation-token", "0"))
+        self.server.pages_served += 1  # type: ignore[attr-defined]
+        time.sleep(0.1)
+        more = page + 1 < PAGES
+        keys = "".join(
+            f"<Contents><Key>d/{page * PAGE + i:07d}.bin</Key><Size>1</Size>"
+            f"<ETag>&quot;e{i}&quot;</ETag></Contents>"
+            for i in range(PAGE)
+        )
+        body = (
+            '<?xml version="1.0"?><ListBucketResult><Name>bucket</Name>'
+            f"<IsTruncated>{'true' if more else 'false'}</IsTruncated>"
+            + (f"<NextContinuationToken>{page + 1}</NextContinuationToken>" if more else "")
+            + keys
+            + "</ListBucketResult>"
+        ).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_sigterm_while_a_long_listing_arrives_exits_143_leaving_no_scratch_and_no_file(
+    launch, tmp_path
+):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowListing)
+    server.pages_served = 0  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    scratch, out = tmp_path / "tmp", tmp_path / "out"
+    scratch.mkdir()
+    try:
+        live = launch(
+            "dataset",
+            env={
+                "STORAGE_URI": "s3://bucket/d",
+                "ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}",
+                "ANONYMOUS": "true",
+                "REGION": "us-east-1",
+                "OUTPUT_PATH": str(out),
+                "TMPDIR": str(scratch),
+            },
+        )
+        live.wait_for("listing s3://bucket/d")
+        while server.pages_served < 5:  # type: ignore[attr-defined]
+            time.sleep(0.05)
+        assert [p.name for p in scratch.iterdir()] != []  # the listing's table, filling
+        live.proc.send_signal(signal.SIGTERM)
+        assert live.proc.wait(timeout=10) == 143
+    finally:
+        server.shutdown()
+    assert server.pages_served < PAGES  # type: ignore[attr-defined]
+    assert list(scratch.iterdir()) == []
+    assert not out.exists() or not any(p.is_file() for p in out.rglob("*"))
+
+
+def _manifest_as_the_previous_release_wrote_it(source: str, records: dict[str, dict]) -> bytes:
+    """The layout of d96e6ee's Manifest.json_pieces, spelled out independently of this code:
+    the head, then a file's record per line in path order, then ``}}``."""
+    head = json.dumps({"format": 1, "source": source, "revision": None})
+    lines = [f"{json.dumps(path)}: {json.dumps(records[path])}" for path in sorted(records)]
+    return (head[:-1] + ', "files": {\n' + ",\n".join(lines) + "\n}}\n").encode()
+
+
+def test_a_destination_the_previous_release_completed_is_complete_for_this_one(tmp_path):
+    """No refetch after an upgrade: a manifest in the previous release's layout is read, its
+    records trusted as before, and the tree found complete."""
+    source, out = tmp_path / "src", tmp_path / "out"
+    (source / "sub").mkdir(parents=True)
+    (source / "a.txt").write_bytes(b"alpha")
+    (source / "sub" / "b.bin").write_bytes(b"\0" * 4096)
+    env = clean_env(tmp_path, STORAGE_URI=f"file://{source}", OUTPUT_PATH=str(out))
+    first = subprocess.run(
+        [sys.executable, "-m", "initializers.dataset"], env=env, capture_output=True, text=True
+    )
+    assert first.returncode == 0, first.stderr
+    written = json.loads((out / ".initializer-manifest.json").read_bytes())
+    old = _manifest_as_the_previous_release_wrote_it(written["source"], written["files"])
+    (out / ".initializer-manifest.json").write_bytes(old)
+    mtimes = {p: os.stat(out / p).st_mtime_ns for p in ("a.txt", "sub/b.bin")}
+
+    again = subprocess.run(
+        [sys.executable, "-m", "initializers.dataset"], env=env, capture_output=True, text=True
+    )
+    assert again.returncode == 0, again.stderr
+    assert "already complete (2 files" in again.stderr
+    assert (out / ".initializer-manifest.json").read_bytes() == old  # not even rewritten
+    assert {p: os.stat(out / p).st_mtime_ns for p in mtimes} == mtimes
+    assert find_problems(out) == []
+
+
+def test_the_manifest_keeps_the_previous_releases_layout_byte_for_byte(tmp_path):
+    """What reads the previous release's manifests also writes them: tools that parse ours
+    (and the previous release reading a tree this one completed) see no change."""
+    source, out = tmp_path / "src", tmp_path / "out"
+    source.mkdir()
+    for name in ("z.json", "a b.txt", "ü.bin"):
+        (source / name).write_bytes(name.encode())
+    env = clean_env(tmp_path, STORAGE_URI=f"file://{source}", OUTPUT_PATH=str(out))
+    ran = subprocess.run(
+        [sys.executable, "-m", "initializers.dataset"], env=env, capture_output=True, text=True
+    )
+    assert ran.returncode == 0, ran.stderr
+    text = (out / ".initializer-manifest.json").read_bytes()
+    written = json.loads(text)
+    assert text == _manifest_as_the_previous_release_wrote_it(written["source"], written["files"])

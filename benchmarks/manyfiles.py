@@ -22,6 +22,7 @@ from pathlib import Path
 
 from benchmarks import measure
 from benchmarks.accesslog import parse_line
+from benchmarks.machine import commit, describe_commit
 from benchmarks.synthetic import BUCKET, PREFIX, endpoint, total_bytes
 
 REPO = Path(__file__).resolve().parent.parent
@@ -184,7 +185,13 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(folder, ignore_errors=True)
         print(report([r for r in runs if r.count == count]), flush=True)
     (out / "results.json").write_text(json.dumps([asdict(r) for r in runs], indent=1))
-    table = report(runs)
+    reporting = Path("/sys/module/page_reporting/parameters/page_reporting_order")
+    head = (
+        f"Commit {describe_commit(commit())}, kernel {os.uname().release}, "
+        f"page_reporting_order {reporting.read_text().strip() if reporting.exists() else 'n/a'} "
+        f"(as found: this benchmark changes no kernel setting), {os.cpu_count()} CPUs.\n\n"
+    )
+    table = head + report(runs)
     (out / "report.md").write_text(table)
     print(table)
     return 0

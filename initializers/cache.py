@@ -40,8 +40,9 @@ from typing import TYPE_CHECKING
 from initializers.destination import FileLock, storage_error
 from initializers.entryhold import ENTRIES
 from initializers.errors import LocalStorageError
+from initializers.filetable import COLUMNS, FileTable
 from initializers.fsutil import atomic_write_bytes
-from initializers.manifest import find_problems, read_manifest
+from initializers.manifest import find_problems, manifest_totals
 from initializers.progress import human_bytes
 from initializers.retry import RetryPolicy
 from initializers.sources.base import Listing, RemoteFile, Source
@@ -57,8 +58,21 @@ _SLUG_UNSAFE = re.compile(r"[^a-z0-9.]+")
 
 
 def material_digest(material: dict[str, object]) -> str:
-    """A hex digest that changes whenever anything in ``material`` does."""
-    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+    """A hex digest that changes whenever anything in ``material`` does: the SHA-256 of its
+    JSON text with sorted keys. Its ``files`` (rows, any number of them) are encoded a row at
+    a time, never whole; the digest is the one of the whole text."""
+    if "files" not in material:
+        return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+    rest = {key: value for key, value in material.items() if key != "files"}
+    before, _, after = json.dumps({**rest, "files": None}, sort_keys=True).partition(
+        '"files": null'
+    )
+    digest = hashlib.sha256(f'{before}"files": ['.encode())
+    encode = json.JSONEncoder().encode
+    for index, row in enumerate(material["files"]):  # type: ignore[call-overload]
+        digest.update(((", " if index else "") + encode(row)).encode())
+    digest.update(f"]{after}".encode())
+    return digest.hexdigest()
 
 
 def entry_name(shown_source: str, material: dict[str, object]) -> str:
@@ -72,16 +86,26 @@ def key_material(
     where: str, listing: Listing, patterns: tuple[tuple[str, ...], ...]
 ) -> dict[str, object]:
     """What identifies one version of one asset: ``where`` (the source as shown, plus its
-    endpoint), the resolved revision, the patterns, and every listed file's identity."""
+    endpoint), the resolved revision, the patterns, and every listed file's identity (in path
+    order, read from the listing's table as it is hashed when the listing is on disk)."""
     return {
         "where": where,
         "revision": listing.revision,
         "patterns": [list(p) for p in patterns],
-        "files": sorted(
-            [f.path, f.size, f.version, str(f.checksum) if f.checksum else None]
-            for f in listing.files
-        ),
+        "files": _identities(listing.files),
     }
+
+
+def _identities(files: Iterable[RemoteFile]) -> Iterable[list[object]]:
+    """``[path, size, version, checksum]`` of each file, in path order."""
+    if isinstance(files, FileTable):
+        return (
+            [f.path, f.size, f.version, str(f.checksum) if f.checksum else None]
+            for f in files.query(f"SELECT {COLUMNS} FROM {files.name} ORDER BY path, size")
+        )
+    return sorted(
+        [f.path, f.size, f.version, str(f.checksum) if f.checksum else None] for f in files
+    )
 
 
 @dataclass(frozen=True)
@@ -162,12 +186,12 @@ class AssetCache:
     def record_use(self, name: str, source: str, revision: str | None) -> None:
         """Note the entry's source (as shown, no secret) and that it was used now."""
         entry = self.entries_dir / name
-        manifest = read_manifest(entry)
+        files, size = manifest_totals(entry) or (0, 0)  # read a line at a time
         info = {
             "source": source,
             "revision": revision,
-            "files": len(manifest.files) if manifest else 0,
-            "bytes": manifest.total_bytes() if manifest else 0,
+            "files": files,
+            "bytes": size,
             "last_used": time.time(),
         }
         try:

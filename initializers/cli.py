@@ -120,6 +120,7 @@ def _fetch(settings: Settings, stop: _StopOnSignal) -> None:
                 progress_interval=settings.progress_interval,
                 stop=stop.event,
                 share=share,
+                durable=settings.durable,
             )
 
         def choose(files: Iterable[RemoteFile]) -> FileTable:

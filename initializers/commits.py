@@ -11,8 +11,12 @@ its commit records are written in one append.
 Not ``syncfs``, which this used before: it waits for everything dirty on the filesystem, and an
 emptyDir or a node's disk is shared with other pods, whose checkpoints it would wait for too.
 
-The promise is unchanged: a final name only ever holds bytes that were durable before the
-rename, and a commit record only names a renamed file. A stop or a kill before a batch is
+Durable runs (``--durable``) keep that promise: a final name only ever holds bytes that were
+durable before the rename, and a commit record only names a renamed file. By default a run
+does not wait for the disk (no writeback started, no fsync: the kernel writes back later, as
+for every peer); the rename is still atomic, and the manifest and the commit log say which boot
+wrote the files unsynced, so a run after a crash checks their bytes before it trusts them
+(:mod:`initializers.planning`). A stop or a kill before a batch is
 flushed leaves its files as ``.part`` files: the next run fetches small ones again and resumes
 large ones from their journals.
 """
@@ -60,6 +64,7 @@ class GroupCommit:
     def __init__(self, dest: Path, log: CommitLog) -> None:
         self._dest = dest
         self._log = log
+        self.durable = log.durable  # else no writeback, no fsync: the kernel writes back later
         self._lock = threading.Lock()
         self._flushing = threading.Lock()
         self._pending: list[Verified] = []
@@ -71,7 +76,8 @@ class GroupCommit:
 
     def add(self, fd: int, file: Verified) -> None:
         """Queue ``file`` (its .part open as ``fd``, which the caller closes after this)."""
-        start_writeback(fd, 0, 0)  # the whole file, without waiting
+        if self.durable:
+            start_writeback(fd, 0, 0)  # the whole file, without waiting
         with self._lock:
             if self._failure is not None:
                 raise self._failure
@@ -122,7 +128,8 @@ class GroupCommit:
             batch, self._pending, self._pending_bytes = self._pending, [], 0
         if not batch:
             return
-        self._make_durable(batch)
+        if self.durable:
+            self._make_durable(batch)
         records: dict[str, FileRecord] = {}
         for file in batch:
             os.replace(file.part, file.final)

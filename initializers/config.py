@@ -132,6 +132,19 @@ COMMON = OptionGroup(
             switch=True,
         ),
         Option(
+            "durable",
+            "--durable",
+            ("DURABLE",),
+            "wait for the disk: every file and folder synced before the manifest, so exit 0 "
+            "means on stable storage (at the disk's pace). Off: the kernel writes back after "
+            "exit, as for every peer; a later run checks the bytes of files a crash may have "
+            "lost (written unsynced before the last boot) against their digests before it "
+            "trusts them",
+            parse_bool,
+            default=False,
+            switch=True,
+        ),
+        Option(
             "ca_bundle",
             "--ca-bundle",
             ("AWS_CA_BUNDLE", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE"),

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from initializers.destination import FileLock, destination_lock, storage_error
 from initializers.errors import LocalStorageError
+from initializers.fsutil import boot_id
 from initializers.inflight import MIB
 from initializers.journal import CommitLog
 from initializers.manifest import FileRecord, manifest_path, write_manifest_records
@@ -76,12 +77,14 @@ class Engine:
         progress_interval: float = 5.0,
         stop: threading.Event | None = None,
         share: Share | None = None,
+        durable: bool = True,
     ) -> None:
         self.source = source
         self.dest = dest
         self.share = share
         self.stop = stop or threading.Event()
-        commits = CommitLog(dest, share.commit_log_name) if share else CommitLog(dest)
+        name = share.commit_log_name if share else CommitLog.NAME
+        commits = CommitLog(dest, name, durable=durable)
         self.destination = Destination(
             dest,
             share.record if share else manifest_path(dest),
@@ -135,7 +138,14 @@ class Engine:
         outcome.bytes_fetched = planned.progress.snapshot().bytes_fetched
         record = self.destination.record
         try:
-            write_manifest_records(record, source_uri, revision, planned.records())
+            write_manifest_records(
+                record,
+                source_uri,
+                revision,
+                planned.records(),
+                boot_id=boot_id(),
+                durable=self.destination.commits.durable,
+            )
         except OSError as exc:
             raise storage_error(exc, record) from None
         self.destination.commits.remove()

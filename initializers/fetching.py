@@ -218,7 +218,8 @@ class _RangeTransfer:
         self.position += count
         self.fetcher.progress.add_bytes(count)
         if self.job.resumable and self.position - self.checkpoint >= CHECKPOINT:
-            start_writeback(self.job.open(), self.checkpoint, self.position - self.checkpoint)
+            if self.fetcher.group.durable:  # its commit's fsync then finds little left to do
+                start_writeback(self.job.open(), self.checkpoint, self.position - self.checkpoint)
             self.job.journal.record(self.start, self.position)
             self.checkpoint = self.position
 

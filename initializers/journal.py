@@ -16,6 +16,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+from initializers.fsutil import boot_id
 from initializers.manifest import FileRecord
 
 Interval = tuple[int, int]
@@ -104,8 +105,9 @@ class CommitLog:
 
     NAME = ".initializer-commits.jsonl"
 
-    def __init__(self, dest: Path, name: str = NAME) -> None:
+    def __init__(self, dest: Path, name: str = NAME, *, durable: bool = True) -> None:
         self.path = dest / name
+        self.durable = durable  # whether the files this run records were synced first
         self._fd: int | None = None
         self._lock = threading.Lock()
 
@@ -114,16 +116,29 @@ class CommitLog:
 
     def records(self) -> Iterator[tuple[str, FileRecord]]:
         """What the log holds, a line at a time (a torn or foreign line is skipped)."""
+        for path, record, _ in self.records_with_trust(""):
+            yield path, record
+
+    def records_with_trust(self, current_boot: str) -> Iterator[tuple[str, FileRecord, bool]]:
+        """Each record, and whether its file's size and mtime still vouch for its bytes: each
+        run's lines follow a line saying which boot wrote them and whether it synced first
+        (lines before any such line come from a release that always synced)."""
         try:
             stream = open(self.path, "rb")  # noqa: SIM115 - closed below, after the last line
         except OSError:
             return
+        trusted = True
         with stream:
             for line in stream:
                 try:
                     entry = json.loads(line)
+                    if "boot_id" in entry:
+                        trusted = entry.get("durable") is not False or (
+                            bool(entry["boot_id"]) and entry["boot_id"] == current_boot
+                        )
+                        continue
                     path = entry.pop("path")  # before FileRecord(**entry): it takes no "path"
-                    yield path, FileRecord(**entry)
+                    yield path, FileRecord(**entry), trusted
                 except (ValueError, TypeError, KeyError, AttributeError):
                     continue
 
@@ -137,6 +152,8 @@ class CommitLog:
             if self._fd is None:
                 flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
                 self._fd = os.open(self.path, flags, 0o644)
+                head = {"boot_id": boot_id(), "durable": self.durable}
+                line = (json.dumps(head) + "\n").encode() + line
             os.write(self._fd, line)
 
     def remove(self) -> None:

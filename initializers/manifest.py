@@ -48,11 +48,24 @@ class Manifest:
     revision: str | None
     files: dict[str, FileRecord] = field(default_factory=dict)
     format: int = FORMAT_VERSION
+    # Where the files' bytes may still be only in the page cache: the boot that wrote them and
+    # whether the run synced them (a manifest without these was written by a run that synced).
+    boot_id: str | None = None
+    durable: bool = True
+
+    def trusted(self, current_boot: str) -> bool:
+        """Whether its files' size and mtime still vouch for their bytes: they were synced, or
+        written during this boot (a crash since would have taken this boot with it)."""
+        return self.durable or (bool(self.boot_id) and self.boot_id == current_boot)
 
     def json_pieces(self) -> Iterator[bytes]:
         """The JSON text in pieces (see :func:`manifest_pieces`)."""
         return manifest_pieces(
-            self.source, self.revision, ((p, self.files[p]) for p in sorted(self.files))
+            self.source,
+            self.revision,
+            ((p, self.files[p]) for p in sorted(self.files)),
+            boot_id=self.boot_id,
+            durable=self.durable,
         )
 
     def total_bytes(self) -> int:
@@ -93,7 +106,12 @@ def read_manifest_head(path: Path) -> Manifest | None:
                 body = json.loads(first + stream.read())
         if not isinstance(body, dict) or body.get("format") != FORMAT_VERSION:
             return None
-        return Manifest(source=body["source"], revision=body.get("revision"))
+        return Manifest(
+            source=body["source"],
+            revision=body.get("revision"),
+            boot_id=body.get("boot_id"),
+            durable=body.get("durable", True) is not False,
+        )
     except (OSError, ValueError, TypeError, KeyError):
         return None
 
@@ -137,13 +155,21 @@ _OPEN_FILES = b', "files": {'
 
 
 def manifest_pieces(
-    source: str, revision: str | None, records: Iterable[tuple[str, FileRecord]]
+    source: str,
+    revision: str | None,
+    records: Iterable[tuple[str, FileRecord]],
+    *,
+    boot_id: str | None = None,
+    durable: bool = True,
 ) -> Iterator[bytes]:
     """The manifest's JSON text in pieces, one file's record per line, for ``records`` in path
     order (``grep`` finds a file's line; a reader takes one line at a time): the whole text of
     a large tree is never held at once. By the C encoder: ``indent`` takes the pure-Python
     one, 0.42 s against 0.24 s for 100,000 files, after the last byte of a run."""
-    head = json.dumps({"format": FORMAT_VERSION, "source": source, "revision": revision})
+    fields: dict[str, object] = {"format": FORMAT_VERSION, "source": source, "revision": revision}
+    if boot_id is not None:
+        fields.update(boot_id=boot_id, durable=durable)
+    head = json.dumps(fields)
     encode = json.JSONEncoder().encode
     lines: list[str] = []
     opened = False
@@ -174,10 +200,17 @@ def write_manifest_file(path: Path, manifest: Manifest) -> None:
 
 
 def write_manifest_records(
-    path: Path, source: str, revision: str | None, records: Iterable[tuple[str, FileRecord]]
+    path: Path,
+    source: str,
+    revision: str | None,
+    records: Iterable[tuple[str, FileRecord]],
+    *,
+    boot_id: str | None = None,
+    durable: bool = True,
 ) -> None:
     """Write a manifest from ``records`` in path order, without holding them."""
-    atomic_write_bytes(path, manifest_pieces(source, revision, records))
+    pieces = manifest_pieces(source, revision, records, boot_id=boot_id, durable=durable)
+    atomic_write_bytes(path, pieces)
 
 
 def remove_manifest(dest: Path) -> None:

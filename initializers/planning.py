@@ -13,17 +13,19 @@ records of the files in place. A window's jobs are the only per-file objects a r
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
+from initializers import checksum as checksums
 from initializers.destination import inside
 from initializers.errors import LocalStorageError
 from initializers.filejob import CHECKPOINT, RANGE_SIZE, FileJob
 from initializers.filetable import BATCH, COLUMNS, FileTable, as_table, row_to_file
-from initializers.fsutil import make_room_for
+from initializers.fsutil import boot_id, make_room_for
 from initializers.journal import CommitLog
 from initializers.manifest import (
     FileRecord,
@@ -147,13 +149,11 @@ def plan(
     earlier = _earlier_records(where, listed, head is not None)
     kept_bytes = kept_count = 0
     batch: list[tuple[str, FileRecord]] = []
-    for remote, record in _with_records(listed, earlier):
-        if (
-            record
-            and record.version == remote.version
-            and record.size == remote.size
-            and record_is_intact(where.dest, remote.path, record)
-        ):
+    suspect_checked = 0
+    for remote, found in _with_records(listed, earlier):
+        record = _in_place(where.dest, remote, found)
+        suspect_checked += found is not None and not found[2]
+        if record is not None:
             batch.append((remote.path, record))
             kept_bytes += record.size
             kept_count += 1
@@ -162,6 +162,13 @@ def plan(
                 batch.clear()
         else:
             planned.todo.append(remote)
+    if suspect_checked:
+        log.info(
+            "%s: %d file(s) were written unsynced before the last boot: their bytes were "
+            "checked against their digests before being kept",
+            where.label,
+            suspect_checked,
+        )
     planned.keep(batch)
     planned.todo.flush()
     listed.db.commit()
@@ -202,27 +209,37 @@ def _job(remote: RemoteFile, dest: Path, room: Callable[[Path], None]) -> FileJo
     return job
 
 
+Trusted = tuple[str, FileRecord, bool]  # a record, and whether size and mtime vouch for it
+
+
 def _earlier_records(where: Destination, listed: FileTable, recorded: bool) -> str:
     """A table of every record an earlier run left, by path: for a shard, the last complete
     tree's and the other runs' shards' first; then this record's; then a killed run's commit
-    log (later ones win). A manifest unreadable anywhere counts for none of its files."""
+    log (later ones win). A manifest unreadable anywhere counts for none of its files. Records
+    of files written unsynced before the last boot are marked suspect: a crash may have lost
+    their bytes while their names, sizes and mtimes stayed."""
     db = listed.db
     name, staged = listed.scratch.new_name("earlier"), listed.scratch.new_name("staged")
-    db.execute(f"CREATE TABLE {name} ({_RECORD})")
-    db.execute(f"CREATE TABLE {staged} ({_RECORD})")
-    sources: list[Callable[[], Iterable[tuple[str, FileRecord]]]] = []
+    db.execute(f"CREATE TABLE {name} ({_RECORD}, suspect INTEGER)")
+    db.execute(f"CREATE TABLE {staged} ({_RECORD}, suspect INTEGER)")
+    booted = boot_id()
+    sources: list[Callable[[], Iterable[Trusted]]] = []
     if where.earlier is not None:
         earlier = where.earlier
-        sources += [partial(manifest_records, manifest_path(where.dest)), earlier.items]
+        sources.append(partial(_manifest_with_trust, manifest_path(where.dest), booted))
+        sources.append(lambda: ((p, r, True) for p, r in earlier.items()))
     if recorded:
-        sources.append(partial(manifest_records, where.record))
-    sources.append(where.commits.records)
+        sources.append(partial(_manifest_with_trust, where.record, booted))
+    sources.append(partial(where.commits.records_with_trust, booted))
     for records in sources:
         db.execute(f"DELETE FROM {staged}")
         try:
             db.executemany(
-                f"INSERT OR REPLACE INTO {staged} VALUES (?, ?, ?, ?, ?)",
-                ((p, r.size, r.checksum, r.version, r.mtime_ns) for p, r in records()),
+                f"INSERT OR REPLACE INTO {staged} VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    (p, r.size, r.checksum, r.version, r.mtime_ns, not trusted)
+                    for p, r, trusted in records()
+                ),
             )
         except ValueError:  # torn or foreign: not trusted for any file
             continue
@@ -231,19 +248,57 @@ def _earlier_records(where: Destination, listed: FileTable, recorded: bool) -> s
     return name
 
 
-def _with_records(
-    listed: FileTable, earlier: str
-) -> Iterator[tuple[RemoteFile, FileRecord | None]]:
+def _manifest_with_trust(path: Path, booted: str) -> Iterator[Trusted]:
+    head = read_manifest_head(path)
+    trusted = head is None or head.trusted(booted)  # None: manifest_records raises anyway
+    return ((p, r, trusted) for p, r in manifest_records(path))
+
+
+def _with_records(listed: FileTable, earlier: str) -> Iterator[tuple[RemoteFile, Trusted | None]]:
     """Each listed file with its earlier record, if any, in the order listed."""
     rows = listed.db.execute(
         f"SELECT f.path, f.size, f.version, f.algorithm, f.digest, f.parts, f.locator, "
-        f"f.ranged, e.size, e.checksum, e.version, e.mtime_ns FROM {listed.name} f "
+        f"f.ranged, e.size, e.checksum, e.version, e.mtime_ns, e.suspect FROM {listed.name} f "
         f"LEFT JOIN {earlier} e ON e.path = f.path ORDER BY f.seq"
     )
     while batch := rows.fetchmany(BATCH):
         for row in batch:
-            record = None if row[8] is None else FileRecord(*row[8:12])
-            yield row_to_file(row), record
+            file = row_to_file(row)
+            yield file, None if row[8] is None else (file.path, FileRecord(*row[8:12]), not row[12])
+
+
+def _in_place(dest: Path, remote: RemoteFile, earlier: Trusted | None) -> FileRecord | None:
+    """The earlier record of ``remote`` when its file is still the one recorded: same version
+    and size as listed, same size and mtime on disk and, for a file a crash may have emptied
+    behind an intact name, the recorded digest over its bytes."""
+    if earlier is None:
+        return None
+    path, record, trusted = earlier
+    if not (
+        record.version == remote.version
+        and record.size == remote.size
+        and record_is_intact(dest, path, record)
+    ):
+        return None
+    return record if trusted or _bytes_match(dest, path, record) else None
+
+
+def _bytes_match(dest: Path, path: str, record: FileRecord) -> bool:
+    """Whether the file's bytes still have the digest recorded; False when there is none to
+    check them with (a digest of parts whose sizes are not recorded, or no digest at all)."""
+    algorithm, _, value = (record.checksum or "").partition(":")
+    if not value or "-" in value or not checksums.is_supported(algorithm):
+        return False
+    try:
+        fd = os.open(os.path.join(dest, path), os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        return checksums.digest_file(fd, record.size, algorithm) == value
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _stale(listed: FileTable, earlier: str) -> list[str]:

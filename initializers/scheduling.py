@@ -132,8 +132,9 @@ class Scheduler:
                 records = self.run_jobs(jobs, workers, progress)
             del jobs
             committed += len(records)
-            for folder in {path.rpartition("/")[0] for path in records}:  # not Paths: 14 ms
-                fsync_dir(self.dest / folder)
+            if self.commits.durable:
+                for folder in {path.rpartition("/")[0] for path in records}:  # not Paths: 14 ms
+                    fsync_dir(self.dest / folder)
         return committed
 
     def run_jobs(

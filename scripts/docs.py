@@ -74,6 +74,11 @@ folder is complete). Partial files are hidden `.NAME.part` (+ `.NAME.part.journa
 `.initializer.lock` serialises two initializers on one destination. With `CACHE_DIR`, `--output`
 becomes a symlink to the asset's entry in the store; with `SHARDS`, every shard writes into the
 same `--output` and the last one to finish writes the manifest.
+
+The manifest is one JSON document with one file's record per line, in path order (a reader may
+take it a line at a time: `initializers.manifest.manifest_records`). A run's listing and plan go
+to a scratch SQLite file in a folder `initializer-plan-*` under `TMPDIR` (else `/tmp`), a few
+hundred bytes a file, removed when the run ends; it is never in `--output`.
 """
 
 

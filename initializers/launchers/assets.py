@@ -14,7 +14,7 @@ from pathlib import Path
 from initializers.entryhold import hold_for_training
 from initializers.errors import NotFoundError
 from initializers.launchers.polling import wait_until_ready
-from initializers.manifest import find_problems, read_manifest
+from initializers.manifest import find_problems, manifest_path, manifest_totals, read_manifest_head
 
 
 @dataclass(frozen=True)
@@ -48,8 +48,8 @@ def wait_for_assets(paths: Sequence[Path], timeout: float) -> list[Asset]:
     assets = []
     for path in paths:
         hold_for_training(path)  # a cache entry stays while the exec'd training runs
-        manifest = read_manifest(path)
-        if manifest is None:  # replaced between the check and now: say so rather than guess
+        head, totals = read_manifest_head(manifest_path(path)), manifest_totals(path)
+        if head is None or totals is None:  # replaced between the check and now: say so
             raise NotFoundError(f"{path} lost its initializer manifest while the shim started")
-        assets.append(Asset(path, manifest.source, len(manifest.files), manifest.total_bytes()))
+        assets.append(Asset(path, head.source, *totals))
     return assets

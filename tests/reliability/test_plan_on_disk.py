@@ -125,9 +125,12 @@ def test_a_destination_the_previous_release_completed_is_complete_for_this_one(t
     assert find_problems(out) == []
 
 
-def test_the_manifest_keeps_the_previous_releases_layout_byte_for_byte(tmp_path):
-    """What reads the previous release's manifests also writes them: tools that parse ours
-    (and the previous release reading a tree this one completed) see no change."""
+def test_the_manifest_keeps_the_previous_releases_layout_with_two_more_keys_in_its_head(
+    tmp_path,
+):
+    """Tools that parse ours, and the previous release reading a tree this one completed, see
+    the same layout: a file's record per line, byte for byte; the head adds which boot wrote
+    the files and whether they were synced, keys the previous release's reader ignores."""
     source, out = tmp_path / "src", tmp_path / "out"
     source.mkdir()
     for name in ("z.json", "a b.txt", "ü.bin"):
@@ -137,6 +140,13 @@ def test_the_manifest_keeps_the_previous_releases_layout_byte_for_byte(tmp_path)
         [sys.executable, "-m", "initializers.dataset"], env=env, capture_output=True, text=True
     )
     assert ran.returncode == 0, ran.stderr
-    text = (out / ".initializer-manifest.json").read_bytes()
-    written = json.loads(text)
-    assert text == _manifest_as_the_previous_release_wrote_it(written["source"], written["files"])
+    head, records = (out / ".initializer-manifest.json").read_bytes().split(b"\n", 1)
+    written = json.loads(head + records)
+    old_head, old_records = _manifest_as_the_previous_release_wrote_it(
+        written["source"], written["files"]
+    ).split(b"\n", 1)
+    assert records == old_records
+    assert head.startswith(old_head[: -len(b', "files": {')])
+    assert set(json.loads(head[: -len(b', "files": {')] + b"}")) == {
+        "format", "source", "revision", "boot_id", "durable"
+    }  # fmt: skip

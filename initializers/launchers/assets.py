@@ -14,7 +14,7 @@ from pathlib import Path
 from initializers.entryhold import hold_for_training
 from initializers.errors import NotFoundError
 from initializers.launchers.polling import wait_until_ready
-from initializers.manifest import find_problems, manifest_path, manifest_totals, read_manifest_head
+from initializers.manifest import check_tree, manifest_path, read_manifest_head
 
 
 @dataclass(frozen=True)
@@ -27,16 +27,25 @@ class Asset:
     total_bytes: int
 
 
-def _problems(paths: Sequence[Path]) -> list[str]:
-    return [problem for path in paths for problem in find_problems(path)]
+def _problems(paths: Sequence[Path], totals: dict[Path, tuple[int, int]]) -> list[str]:
+    """What keeps ``paths`` from being complete; each one's (files, bytes) into ``totals``."""
+    problems = []
+    for path in paths:
+        found, files, size = check_tree(path)
+        problems += found
+        totals[path] = (files, size)
+    return problems
 
 
 def wait_for_assets(paths: Sequence[Path], timeout: float) -> list[Asset]:
     """Block until every folder in ``paths`` is complete; raise NotFoundError after ``timeout``."""
     if not paths:
         return []
+    totals: dict[Path, tuple[int, int]] = {}
     problems = wait_until_ready(
-        lambda: _problems(paths), what="assets " + ", ".join(map(str, paths)), timeout=timeout
+        lambda: _problems(paths, totals),
+        what="assets " + ", ".join(map(str, paths)),
+        timeout=timeout,
     )
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
@@ -48,8 +57,8 @@ def wait_for_assets(paths: Sequence[Path], timeout: float) -> list[Asset]:
     assets = []
     for path in paths:
         hold_for_training(path)  # a cache entry stays while the exec'd training runs
-        head, totals = read_manifest_head(manifest_path(path)), manifest_totals(path)
-        if head is None or totals is None:  # replaced between the check and now: say so
+        head = read_manifest_head(manifest_path(path))
+        if head is None:  # replaced between the check and now: say so rather than guess
             raise NotFoundError(f"{path} lost its initializer manifest while the shim started")
-        assets.append(Asset(path, head.source, *totals))
+        assets.append(Asset(path, head.source, *totals[path]))
     return assets

@@ -77,12 +77,15 @@ def _contenders(url: str, dest: Path) -> dict[str, list[str]]:
     }
 
 
-def _run(name: str, argv: list[str], env: dict[str, str], work: Path, log: Path) -> tuple:
+def _run(
+    name: str, argv: list[str], env: dict[str, str], work: Path, log: Path
+) -> tuple[float, float, float, float | None, int, int]:
+    """One run: wall, CPU, peak RSS, first object GET, object GETs, exit code."""
     position = _log_position(log)
     got = measure.run(argv, env, work / f"{name}.log", timeout_s=3600)
     time.sleep(0.2)  # nginx writes a line as a response ends
     first, gets = _gets_since(log, position, got.started_at)
-    return got, first, gets
+    return got.wall_s, got.cpu_s, got.peak_rss_mib, first, gets, got.returncode
 
 
 def measure_count(count: int, rounds: int, work: Path) -> list[Run]:
@@ -102,36 +105,11 @@ def measure_count(count: int, rounds: int, work: Path) -> list[Run]:
             for name in order:
                 dest = work / f"dest-{name}"
                 shutil.rmtree(dest, ignore_errors=True)
-                got, first, gets = _run(name, _contenders(url, dest)[name], env, work, log)
-                runs.append(
-                    Run(
-                        count,
-                        name,
-                        r,
-                        got.wall_s,
-                        got.cpu_s,
-                        got.peak_rss_mib,
-                        first,
-                        gets,
-                        got.returncode,
-                    )
-                )
-                _check(name, got.returncode, dest, count, work)
-            dest = work / "dest-ours"
-            got, first, gets = _run("warm", _contenders(url, dest)["ours"], env, work, log)
-            runs.append(
-                Run(
-                    count,
-                    "ours-warm",
-                    r,
-                    got.wall_s,
-                    got.cpu_s,
-                    got.peak_rss_mib,
-                    first,
-                    gets,
-                    got.returncode,
-                )
-            )
+                got = _run(name, _contenders(url, dest)[name], env, work, log)
+                runs.append(Run(count, name, r, *got))
+                _check(name, got[-1], dest, count, work)
+            got = _run("warm", _contenders(url, work / "dest-ours")["ours"], env, work, log)
+            runs.append(Run(count, "ours-warm", r, *got))
     return runs
 
 

@@ -99,13 +99,13 @@ def key_material(
 def _identities(files: Iterable[RemoteFile]) -> Iterable[list[object]]:
     """``[path, size, version, checksum]`` of each file, in path order."""
     if isinstance(files, FileTable):
-        return (
-            [f.path, f.size, f.version, str(f.checksum) if f.checksum else None]
-            for f in files.query(f"SELECT {COLUMNS} FROM {files.name} ORDER BY path, size")
-        )
-    return sorted(
-        [f.path, f.size, f.version, str(f.checksum) if f.checksum else None] for f in files
-    )
+        ordered = files.query(f"SELECT {COLUMNS} FROM {files.name} ORDER BY path, size")
+        return (_identity(f) for f in ordered)
+    return sorted(_identity(f) for f in files)
+
+
+def _identity(file: RemoteFile) -> list[object]:
+    return [file.path, file.size, file.version, str(file.checksum) if file.checksum else None]
 
 
 @dataclass(frozen=True)

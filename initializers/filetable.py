@@ -176,9 +176,6 @@ class FileTable:
             for row in rows:
                 yield row_to_file(row)
 
-    def first(self) -> RemoteFile | None:
-        return next(iter(self), None)
-
 
 def row_to_file(row: tuple[object, ...]) -> RemoteFile:
     path, size, version, algorithm, digest, parts, locator, ranged = row[:8]

@@ -68,9 +68,6 @@ class Manifest:
             durable=self.durable,
         )
 
-    def total_bytes(self) -> int:
-        return sum(rec.size for rec in self.files.values())
-
 
 def manifest_path(dest: Path) -> Path:
     return dest / MANIFEST_NAME

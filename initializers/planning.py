@@ -86,9 +86,15 @@ class Plan:
     def keep(self, records: Iterable[tuple[str, FileRecord]]) -> None:
         """Note files in place (kept or just committed), for the manifest."""
         self._db.executemany(
-            f"INSERT OR REPLACE INTO {self._final} VALUES (?, ?, ?, ?, ?)",
-            ((p, r.size, r.checksum, r.version, r.mtime_ns) for p, r in records),
+            f"INSERT OR REPLACE INTO {self._final} VALUES (?, ?, ?, ?, ?)", _rows(records)
         )
+
+    def kept(self) -> tuple[int, int]:
+        """How many files, and bytes, are in place so far."""
+        count, size = self._db.execute(
+            f"SELECT COUNT(*), COALESCE(SUM(size), 0) FROM {self._final}"
+        ).fetchone()
+        return int(count), int(size)
 
     def records(self) -> Iterator[tuple[str, FileRecord]]:
         """Every file in place, in path order (the manifest's)."""
@@ -128,8 +134,7 @@ class Plan:
         staged = self.todo.scratch.new_name("committed")
         self._db.execute(f"CREATE TABLE {staged} ({_RECORD})")
         self._db.executemany(
-            f"INSERT OR REPLACE INTO {staged} VALUES (?, ?, ?, ?, ?)",
-            ((p, r.size, r.checksum, r.version, r.mtime_ns) for p, r in commits.records()),
+            f"INSERT OR REPLACE INTO {staged} VALUES (?, ?, ?, ?, ?)", _rows(commits.records())
         )
         self._db.execute(
             f"INSERT OR REPLACE INTO {self._final} SELECT * FROM {staged} "
@@ -147,7 +152,6 @@ def plan(
     head = read_manifest_head(where.record)
     planned = Plan(where, listed, Outcome(len(listed), bytes_total=listed.total_bytes))
     earlier = _earlier_records(where, listed, head is not None)
-    kept_bytes = kept_count = 0
     batch: list[tuple[str, FileRecord]] = []
     suspect_checked = 0
     for remote, found in _with_records(listed, earlier):
@@ -155,8 +159,6 @@ def plan(
         suspect_checked += found is not None and not found[2]
         if record is not None:
             batch.append((remote.path, record))
-            kept_bytes += record.size
-            kept_count += 1
             if len(batch) >= BATCH:
                 planned.keep(batch)
                 batch.clear()
@@ -184,6 +186,7 @@ def plan(
     planned.outcome.removed = _remove_stale(where, stale)
     resumed = _check_space(where.dest, planned.todo)
     planned.outcome.bytes_resumed = resumed
+    kept_count, kept_bytes = planned.kept()
     planned.progress = Progress(
         len(listed), listed.total_bytes, kept_bytes + resumed, files_present=kept_count
     )
@@ -246,6 +249,11 @@ def _earlier_records(where: Destination, listed: FileTable, recorded: bool) -> s
         db.execute(f"INSERT OR REPLACE INTO {name} SELECT * FROM {staged}")
     db.execute(f"DROP TABLE {staged}")
     return name
+
+
+def _rows(records: Iterable[tuple[str, FileRecord]]) -> Iterator[tuple[object, ...]]:
+    """Records as rows of a ``_RECORD`` table."""
+    return ((p, r.size, r.checksum, r.version, r.mtime_ns) for p, r in records)
 
 
 def _manifest_with_trust(path: Path, booted: str) -> Iterator[Trusted]:

@@ -77,7 +77,8 @@ class Scheduler:
     def fetch_all(self, work: Work, progress: Progress) -> int:
         """Fetch and commit every job of ``work``, sharing the small files with forked
         processes; how many files were committed (their records are in the commit log)."""
-        count = processes.process_count(work.small_files(), self.workers)
+        small = work.small_files()  # a count over the whole plan: asked once
+        count = processes.process_count(small, self.workers)
         if count == 1:
             with Reporter(progress, self.label, self.progress_interval):
                 return self.run_windows(work.windows(0, 1), self.workers, progress)
@@ -89,7 +90,7 @@ class Scheduler:
             processes.fork(partial(self._share, work, i, count, each), self.stop)
             for i in range(1, count)
         ]
-        log.debug("%s: %d worker processes share %d files", self.label, count, work.small_files())
+        log.debug("%s: %d worker processes share %d files", self.label, count, small)
         relay = threading.Thread(
             target=processes.gather,
             args=(children, self.stop, progress.add_counts),

@@ -40,14 +40,13 @@ from initializers.errors import (
     ExitCode,
     InitializerError,
     Interrupted,
-    NotFoundError,
     UsageError,
 )
-from initializers.filetable import FileTable
+from initializers.filetable import FileTable, as_table
 from initializers.interrupts import interrupt_reads
 from initializers.logs import RedactSecrets, configure
 from initializers.retry import RetryPolicy
-from initializers.selection import select
+from initializers.selection import Chooser, Rules
 from initializers.shards import ShardSpec, sync_shard
 from initializers.sources import open_source
 from initializers.sources.base import Listing, RemoteFile, Source
@@ -109,49 +108,14 @@ def _fetch(settings: Settings, stop: _StopOnSignal) -> None:
     listing: Listing | None = None
     try:
         listing = _list(source, settings.kind)
-
-        def engine_for(dest: Path, share: Share | None = None) -> Engine:
-            return Engine(
-                source,
-                dest,
-                workers=settings.workers,
-                label=settings.kind,
-                retry=retry,
-                progress_interval=settings.progress_interval,
-                stop=stop.event,
-                share=share,
-                durable=settings.durable,
-            )
-
-        def choose(files: Iterable[RemoteFile]) -> FileTable:
-            return _choose(files, settings, source.describe())
-
-        archive = archive_to_unpack(source, listing.files)
-        if archive is not None and settings.shards > 1:
-            raise UsageError(
-                f"{source.describe()} is one archive, which one pod unpacks: drop SHARDS"
-            )
-        chosen: Iterable[RemoteFile] = [] if archive else choose(listing.files)
-        spec = ShardSpec(settings.shards, settings.shard_index, settings.shard_run)
-
-        recorded = _recorded_uri(settings.storage_uri)
-
-        def fill(dest: Path) -> Outcome:
-            if archive is not None:
-                return sync_archive(archive, dest, recorded, engine_for, choose, stop.event)
-            if spec.count > 1:
-                # The byte-balanced partition takes every file at once: not yet on disk.
-                files = list(chosen)
-                return sync_shard(
-                    partial(engine_for, dest), dest, files, listing.revision, recorded, spec
-                )
-            return engine_for(dest).sync(chosen, recorded, listing.revision)
-
+        run = _Run(settings, source, listing, stop.event, retry)
         stop.engine_running = True
         if settings.cache_dir is None:
-            outcome = fill(settings.output)
+            outcome = run.fill(settings.output)
         else:
-            outcome = _through_cache(settings, source, listing, chosen, fill, stop.event, retry)
+            chosen = run.chosen
+            assert chosen is not None
+            outcome = _through_cache(settings, source, listing, chosen, run.fill, stop.event, retry)
         log.info("%s", describe_outcome(settings.kind, outcome))
     finally:
         source.close()
@@ -159,18 +123,80 @@ def _fetch(settings: Settings, stop: _StopOnSignal) -> None:
             listing.files.scratch.close()  # the run ends with os._exit: no finalizer runs
 
 
-def _list(source: Source, kind: str) -> Listing:
-    """The source's listing (a large one on disk), its unsafe names reported."""
-    log.info("%s: listing %s", kind, source.describe())
-    listing = source.list()
-    for name, why in listing.skipped:
-        log.warning("skipped %r: the name %s", name, why)
-    if not listing.files and listing.skipped:
-        raise NotFoundError(
-            f"all {len(listing.skipped)} name(s) under {source.describe()} were skipped "
-            "as unsafe (see the warnings above); nothing to fetch — rename those objects"
+class _Run:
+    """How a listing is fetched into a folder: unpacked (one archive), by shards, or by one
+    engine, streaming unless something needs the whole listing first."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        source: Source,
+        listing: Listing,
+        stop: threading.Event,
+        retry: RetryPolicy,
+    ) -> None:
+        self.settings, self.source, self.listing = settings, source, listing
+        self.stop, self.retry = stop, retry
+        self.where = source.describe()
+        self.rules = Rules(
+            settings.allow_patterns,
+            settings.ignore_patterns,
+            settings.fallback_weights,
+            settings.patterns_are_default,
         )
-    return listing
+        self.archive = archive_to_unpack(source, listing.files)
+        if self.archive is not None and settings.shards > 1:
+            raise UsageError(f"{self.where} is one archive, which one pod unpacks: drop SHARDS")
+        self.spec = ShardSpec(settings.shards, settings.shard_index, settings.shard_run)
+        whole = self.spec.count > 1 or settings.cache_dir is not None
+        # What needs the whole listing before the first file: the byte-balanced shard plan,
+        # the asset store's key, the weight-format fallback. Anything else streams.
+        if self.archive or whole or self.rules.needs_whole_listing:
+            listing.complete()
+        self.chosen: Iterable[RemoteFile] | None = None
+        if self.archive is not None:
+            self.chosen = []
+        elif whole:
+            self.chosen = _choose(listing, self.rules, self.where)
+        self.recorded = _recorded_uri(settings.storage_uri)
+
+    def engine_for(self, dest: Path, share: Share | None = None) -> Engine:
+        return Engine(
+            self.source,
+            dest,
+            workers=self.settings.workers,
+            label=self.settings.kind,
+            retry=self.retry,
+            progress_interval=self.settings.progress_interval,
+            stop=self.stop,
+            share=share,
+            durable=self.settings.durable,
+        )
+
+    def choose(self, files: Iterable[RemoteFile]) -> FileTable:
+        return _choose(Listing(None, as_table(files)), self.rules, self.where)
+
+    def fill(self, dest: Path) -> Outcome:
+        revision = self.listing.revision
+        if self.archive is not None:
+            return sync_archive(
+                self.archive, dest, self.recorded, self.engine_for, self.choose, self.stop
+            )
+        if self.chosen is None:
+            chooser = Chooser(self.listing, self.rules, self.where)
+            return self.engine_for(dest).sync(chooser, self.recorded, revision)
+        if self.spec.count > 1:
+            # The byte-balanced partition takes every file at once: not yet on disk.
+            files = list(self.chosen)
+            engine = partial(self.engine_for, dest)
+            return sync_shard(engine, dest, files, revision, self.recorded, self.spec)
+        return self.engine_for(dest).sync(self.chosen, self.recorded, revision)
+
+
+def _list(source: Source, kind: str) -> Listing:
+    """The source's listing: its first page, and the rest on demand."""
+    log.info("%s: listing %s", kind, source.describe())
+    return source.list()
 
 
 def _recorded_uri(uri: str) -> str:
@@ -217,35 +243,13 @@ def _through_cache(
     )
 
 
-def _choose(files: Iterable[RemoteFile], settings: Settings, where: str) -> FileTable:
-    """The files the allow/ignore patterns and the weights preference keep, with the reasons
-    logged; NotFoundError when none is left."""
-    chosen = select(
-        files,
-        settings.allow_patterns,
-        settings.ignore_patterns,
-        fallback_weights=settings.fallback_weights,
-        patterns_are_default=settings.patterns_are_default,
-    )
-    if chosen.weights_note:
-        log.info("%s", chosen.weights_note)
-    for path in chosen.conflicts:
-        log.warning("skipped %r: another key uses it as a folder", path)
-    if chosen.filtered_count:
-        shown = ", ".join(chosen.filtered_out)
-        more = chosen.filtered_count - len(chosen.filtered_out)
-        log.info(
-            "%d file(s) left out by the allow/ignore patterns: %s%s",
-            chosen.filtered_count,
-            shown,
-            f" and {more} more" if more else "",
-        )
-    if not chosen.files:
-        raise NotFoundError(
-            f"none of the {len(files)} file(s) under {where} match the allow/ignore patterns; "
-            "adjust ALLOW_PATTERNS / IGNORE_PATTERNS"
-        )
-    return chosen.files
+def _choose(listing: Listing, rules: Rules, where: str) -> FileTable:
+    """The files of a complete listing the rules keep, with the reasons logged; NotFoundError
+    when none is left."""
+    chooser = Chooser(listing, rules, where)
+    chosen = chooser.chosen_table()
+    chooser.report()
+    return chosen
 
 
 class _StopOnSignal:

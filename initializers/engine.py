@@ -30,16 +30,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from initializers.destination import FileLock, destination_lock, storage_error
-from initializers.errors import LocalStorageError
+from initializers.errors import InitializerError, LocalStorageError
+from initializers.filetable import as_table
 from initializers.fsutil import boot_id
 from initializers.inflight import MIB
 from initializers.journal import CommitLog
 from initializers.manifest import FileRecord, manifest_path, write_manifest_records
-from initializers.planning import Destination, Outcome, plan
+from initializers.planning import Destination, Outcome, Plan
 from initializers.progress import human_bytes
 from initializers.retry import RetryPolicy
 from initializers.scheduling import Scheduler
-from initializers.sources.base import RemoteFile, Source
+from initializers.selection import Chooser
+from initializers.sources.base import Listing, Order, RemoteFile, Source
 
 log = logging.getLogger(__name__)
 
@@ -104,9 +106,15 @@ class Engine:
             progress_interval=progress_interval,
         )
 
-    def sync(self, files: Iterable[RemoteFile], source_uri: str, revision: str | None) -> Outcome:
+    def sync(
+        self, files: Iterable[RemoteFile] | Chooser, source_uri: str, revision: str | None
+    ) -> Outcome:
+        """Fetch ``files``: chosen already, or a chooser over a listing that may still be
+        arriving (then fetching starts with its first page)."""
         started = time.monotonic()
         self._make_dest()
+        if not isinstance(files, Chooser):  # chosen: every file is taken, none conflicts
+            files = Chooser(Listing(revision, as_table(files), order=Order.TREE))
         lock = FileLock(self.dest / self.share.lock_name, self.stop) if self.share else None
         with lock or destination_lock(self.dest, self.stop):
             outcome = self._sync_locked(files, source_uri, revision)
@@ -126,14 +134,24 @@ class Engine:
                 "writable by this user (fsGroup / permissions)"
             )
 
-    def _sync_locked(
-        self, files: Iterable[RemoteFile], source_uri: str, revision: str | None
-    ) -> Outcome:
-        planned = plan(self.destination, files, source_uri, revision)
+    def _sync_locked(self, chooser: Chooser, source_uri: str, revision: str | None) -> Outcome:
+        planned = Plan(self.destination, chooser, source_uri, revision, self.stop)
+        planned.advance(done=not planned.streamed)  # a listing still arriving: its first page
         outcome = planned.outcome
         if outcome.up_to_date:
             return outcome
-        outcome.files_fetched = self.scheduler.fetch_all(planned, planned.progress)
+        if planned.streamed:
+            log.info(
+                "%s: fetching from the first page while the listing goes on", self.destination.label
+            )
+        try:
+            outcome.files_fetched = self.scheduler.fetch_all(planned, planned.progress)
+        except InitializerError:
+            planned.listed(timeout=1.0)  # the listing's failure, when it stopped the fetch
+            raise
+        planned.listed()
+        if outcome.up_to_date:
+            return outcome
         planned.keep_committed(self.destination.commits)
         outcome.bytes_fetched = planned.progress.snapshot().bytes_fetched
         record = self.destination.record

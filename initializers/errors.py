@@ -107,6 +107,9 @@ class Interrupted(InitializerError):
     exit_code = ExitCode.INTERRUPTED
 
 
+STOPPED = "stopped by a signal; rerun to resume (fetched bytes are kept)"
+
+
 def tls_refused(what: str, variable: str | None = None) -> str:
     """The one line for a server certificate a client refused, whichever client: the fix is the
     endpoint's CA (``--ca-bundle``, or the environment ``variable`` the SDKs read too) or

@@ -9,7 +9,7 @@ also folders, which records of an earlier run are no longer listed) as queries.
 The scratch file lives in a folder of its own under ``TMPDIR`` (the run's, not the
 destination's: the destination of a shared asset store is known only once the listing is) and
 goes when the run ends. It is scratch: nothing in it must survive a crash, so SQLite is told
-to keep no journal and never to sync.
+never to sync; its write-ahead log only lets worker processes read while pages are added.
 """
 
 from __future__ import annotations
@@ -27,10 +27,12 @@ from initializers.sources.base import Checksum, RemoteFile
 BATCH = 4096  # rows written or read at a time
 PAGE_CACHE_KIB = 8192  # SQLite's page cache per scratch database
 
-COLUMNS = "path, size, version, algorithm, digest, parts, locator, ranged"
+COLUMNS = "path, size, version, algorithm, digest, parts, locator, ranged, unlisted"
+WIDTH = 9  # the columns of a file
 _SCHEMA = (
     "seq INTEGER PRIMARY KEY, path TEXT NOT NULL, size INTEGER NOT NULL, version TEXT, "
-    "algorithm TEXT, digest TEXT, parts TEXT, locator TEXT NOT NULL, ranged INTEGER NOT NULL"
+    "algorithm TEXT, digest TEXT, parts TEXT, locator TEXT NOT NULL, ranged INTEGER NOT NULL, "
+    "unlisted INTEGER NOT NULL"
 )
 
 
@@ -47,7 +49,7 @@ class Scratch:
                 "set TMPDIR to a writable folder"
             ) from None
         for pragma in (
-            "journal_mode = OFF",
+            "journal_mode = WAL",  # a worker process reads while the listing is written
             "synchronous = OFF",
             "temp_store = FILE",
             f"cache_size = -{PAGE_CACHE_KIB}",
@@ -99,20 +101,21 @@ class FileTable:
         while rows := cursor.fetchmany(BATCH):
             yield from rows
 
-    def without(self, rows: Iterable[int]) -> FileTable:
-        """This table less the given rows: a view over it, nothing copied (itself when no
-        row is left out). ``rows`` may be read as this table is: they go to a table too."""
+    def only(self, rows: Iterable[int]) -> FileTable:
+        """The given rows of this table: a view over it, nothing copied (itself when every
+        row is given). ``rows`` may be read as this table is: they go to a table too."""
         self.flush()
-        left_out = self.scratch.new_name("left_out")
-        self.db.execute(f"CREATE TABLE {left_out} (seq INTEGER PRIMARY KEY)")
-        self.db.executemany(f"INSERT OR IGNORE INTO {left_out} VALUES (?)", ((r,) for r in rows))
-        if not self.db.execute(f"SELECT 1 FROM {left_out} LIMIT 1").fetchone():
+        kept = self.scratch.new_name("kept")
+        self.db.execute(f"CREATE TABLE {kept} (seq INTEGER PRIMARY KEY)")
+        self.db.executemany(f"INSERT OR IGNORE INTO {kept} VALUES (?)", ((r,) for r in rows))
+        (count,) = self.db.execute(f"SELECT COUNT(*) FROM {kept}").fetchone()
+        if count == self._count:
             return self
         view = FileTable.__new__(FileTable)
         view.scratch, view.name, view._pending = self.scratch, self.scratch.new_name("view"), []
         self.db.execute(
             f"CREATE VIEW {view.name} AS SELECT * FROM {self.name} "
-            f"WHERE seq NOT IN (SELECT seq FROM {left_out})"
+            f"WHERE seq IN (SELECT seq FROM {kept})"
         )
         self.db.commit()
         count, size = self.db.execute(f"SELECT COUNT(*), SUM(size) FROM {view.name}").fetchone()
@@ -135,6 +138,7 @@ class FileTable:
                 ",".join(map(str, checksum.parts)) if checksum and checksum.parts else None,
                 file.locator,
                 int(file.ranged),
+                int(file.unlisted_digest),
             )
         )
         self._count += 1
@@ -149,7 +153,7 @@ class FileTable:
     def flush(self) -> None:
         if self._pending:
             self.db.executemany(
-                f"INSERT INTO {self.name} ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO {self.name} ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 self._pending,
             )
             self.db.commit()  # a forked worker reads the table through a connection of its own
@@ -169,7 +173,7 @@ class FileTable:
         return self.query(f"SELECT {COLUMNS} FROM {self.name} ORDER BY seq")
 
     def query(self, sql: str, parameters: tuple[object, ...] = ()) -> Iterator[RemoteFile]:
-        """Files from a query whose first eight columns are a row of this table's."""
+        """Files from a query whose first ``WIDTH`` columns are a row of this table's."""
         self.flush()
         cursor = self.db.execute(sql, parameters)
         while rows := cursor.fetchmany(BATCH):
@@ -178,7 +182,7 @@ class FileTable:
 
 
 def row_to_file(row: tuple[object, ...]) -> RemoteFile:
-    path, size, version, algorithm, digest, parts, locator, ranged = row[:8]
+    path, size, version, algorithm, digest, parts, locator, ranged, unlisted = row[:WIDTH]
     checksum = None
     if algorithm is not None:
         sizes = tuple(int(p) for p in str(parts).split(",")) if parts else ()
@@ -190,6 +194,7 @@ def row_to_file(row: tuple[object, ...]) -> RemoteFile:
         checksum,
         str(locator),
         bool(ranged),
+        bool(unlisted),
     )
 
 

@@ -12,20 +12,24 @@ records of the files in place. A window's jobs are the only per-file objects a r
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from initializers import checksum as checksums
 from initializers.destination import inside
-from initializers.errors import LocalStorageError
+from initializers.errors import STOPPED, Interrupted, LocalStorageError
 from initializers.filejob import CHECKPOINT, RANGE_SIZE, FileJob
-from initializers.filetable import BATCH, COLUMNS, FileTable, as_table, row_to_file
+from initializers.filetable import BATCH, COLUMNS, WIDTH, FileTable, row_to_file
 from initializers.fsutil import boot_id, make_room_for
+from initializers.interrupts import interrupt_reads
 from initializers.journal import CommitLog
 from initializers.manifest import (
     FileRecord,
@@ -35,12 +39,15 @@ from initializers.manifest import (
     record_is_intact,
     remove_manifest,
 )
+from initializers.processes import UNCOUNTED
 from initializers.progress import Progress, human_bytes
+from initializers.selection import Chooser
 from initializers.sources.base import RemoteFile
 
 log = logging.getLogger("initializers.engine")
 
 WINDOW = 4096  # jobs a process holds at a time, however many files (~2.3 KiB each with its futures)
+POLL_SECONDS = 0.005  # how often a process looks for jobs the listing's thread has planned
 _RECORD = "path TEXT PRIMARY KEY, size INTEGER, checksum TEXT, version TEXT, mtime_ns INTEGER"
 
 
@@ -71,17 +78,289 @@ class Destination:
 
 
 class Plan:
-    """A planned run: its outcome so far, its progress, the jobs to run in windows, and the
-    records of every file in place (kept, then committed as the windows finish)."""
+    """A run's plan, made as its listing arrives: what is in place (kept), what to fetch (the
+    jobs, handed out in windows), what is stale; its outcome and progress.
 
-    def __init__(self, where: Destination, files: FileTable, outcome: Outcome) -> None:
+    A listing read whole is planned at once and its jobs handed out largest first (the
+    shortest tail). A listing still arriving is planned a page at a time by a thread of the
+    parent's (:meth:`begin`), and each process takes the jobs by arrival as they are planned.
+    The manifest goes only when the first file is about to change.
+    """
+
+    def __init__(
+        self,
+        where: Destination,
+        chooser: Chooser,
+        source_uri: str,
+        revision: str | None,
+        stop: threading.Event,
+    ) -> None:
         self.where = where
-        self.outcome = outcome
-        self.progress = Progress(0, 0, 0)
-        self.todo = files.sibling()
-        self._db = files.db
-        self._final = files.scratch.new_name("final")
-        self._db.execute(f"CREATE TABLE {self._final} ({_RECORD})")
+        self.chooser = chooser
+        self.listing = chooser.listing
+        self.streamed = self.listing.rest is not None
+        self.source_uri, self.revision = source_uri, revision
+        self.stop = stop
+        self.outcome = Outcome()
+        self.progress = Progress(0, 0, 0, listing=self.streamed)
+        self.failure: BaseException | None = None  # the listing's, when it failed
+        listed = chooser.listed
+        self.todo = listed.sibling()
+        self._scratch, self._db = listed.scratch, listed.db
+        self._head = read_manifest_head(where.record)
+        self._earlier = _earlier_records(where, listed, self._head is not None)
+        self._has_earlier = bool(self._db.execute(f"SELECT 1 FROM {self._earlier}").fetchone())
+        self._final = self._table("final", _RECORD)
+        self._state = self._table("state", "done INTEGER")
+        self._db.execute(f"INSERT INTO {self._state} VALUES (0)")
+        self._db.commit()
+        self._free = shutil.disk_usage(where.dest).free
+        self._needed = 0
+        self._suspect_checked = 0
+        self._touched = False  # the tree has begun to change: the manifest is gone
+        self._lister: threading.Thread | None = None
+
+    def _table(self, stem: str, columns: str) -> str:
+        name = self._scratch.new_name(stem)
+        self._db.execute(f"CREATE TABLE {name} ({columns})")
+        return name
+
+    # -- planning, page by page ----------------------------------------------------------------
+
+    def advance(self, done: bool) -> None:
+        """Plan the files listed since the last call that can be decided now; ``done``: the
+        listing is complete, and the plan then ends with the stale files' removal."""
+        for rows in self.chooser.take(done):
+            self._decide(rows)
+        self.todo.flush()  # committed: the worker processes read the jobs
+        if done:
+            self._finish()
+
+    def _decide(self, rows: list[int]) -> None:
+        """Keep each of the chosen ``rows`` whose file is in place; make a job for each other."""
+        kept: list[tuple[str, FileRecord]] = []
+        listed_bytes = kept_bytes = resumed = 0
+        for remote, found in self._with_records(rows):
+            listed_bytes += remote.size
+            record = _in_place(self.where.dest, remote, found)
+            self._suspect_checked += found is not None and not found[2]
+            if record is not None:
+                kept.append((remote.path, record))
+                kept_bytes += record.size
+            else:
+                resumed += self._to_fetch(remote)
+        self.keep(kept)
+        self.outcome.files_total += len(rows)
+        self.outcome.bytes_total += listed_bytes
+        self.outcome.bytes_resumed += resumed
+        self.progress.grow(len(rows), listed_bytes, kept_bytes + resumed, len(kept))
+
+    def _with_records(self, rows: list[int]) -> Iterator[tuple[RemoteFile, Trusted | None]]:
+        """Each of ``rows``, with the earlier record of its path, if any."""
+        cursor = self._db.execute(
+            f"SELECT {_prefixed(COLUMNS)}, e.size, e.checksum, e.version, e.mtime_ns, e.suspect "
+            f"FROM {self.chooser.listed.name} f LEFT JOIN {self._earlier} e ON e.path = f.path "
+            "WHERE f.seq IN (SELECT value FROM json_each(?)) ORDER BY f.seq",
+            (json.dumps(rows),),
+        )
+        for row in cursor.fetchall():
+            file, found = row_to_file(row), row[WIDTH:]
+            if found[0] is None:
+                yield file, None
+            else:
+                yield file, (file.path, FileRecord(*found[:4]), not found[4])
+
+    def _to_fetch(self, remote: RemoteFile) -> int:
+        """A job for ``remote``, once the disk is known to hold it; the bytes an interrupted
+        run left of it that are kept."""
+        self._touch()
+        if self._has_earlier:
+            self._clear_way(remote.path)
+        present = 0
+        if remote.size > CHECKPOINT and remote.ranged:  # only those can have bytes on disk
+            job = FileJob(remote, self.where.dest)
+            if job.part.exists():  # left by an interrupted run: its journal says what is kept
+                job.plan()
+                present = job.present
+        self._needed += remote.size - present
+        if self._needed > self._free:
+            raise LocalStorageError(
+                f"{self.where.dest} has {human_bytes(self._free)} free but the fetch needs "
+                f"{human_bytes(self._needed)} more; free space or use a bigger volume"
+            )
+        self.todo.append(remote)
+        return present
+
+    def _touch(self) -> None:
+        """Mark the destination incomplete before its first file changes."""
+        if not self._touched:
+            self._touched = True
+            remove_manifest(self.where.dest)
+            self.where.record.unlink(missing_ok=True)
+
+    def _clear_way(self, path: str) -> None:
+        """Remove a file an earlier run committed where ``path`` needs a folder: a path is never
+        both, so the listing no longer has it; it is stale and would go at the end, but the
+        job may need its folder before then."""
+        folders = []
+        folder = path.rpartition("/")[0]
+        while folder:
+            folders.append(folder)
+            folder = folder.rpartition("/")[0]
+        if not folders:
+            return
+        found = self._db.execute(
+            f"SELECT path FROM {self._earlier} WHERE path IN (SELECT value FROM json_each(?))",
+            (json.dumps(folders),),
+        ).fetchall()
+        for (stale,) in found:
+            target = self.where.dest / stale
+            if inside(self.where.dest, target) and target.is_file() and not target.is_symlink():
+                target.unlink()
+
+    def _finish(self) -> None:
+        """The listing is complete: report the choice, remove what is stale, end the plan."""
+        self.chooser.report()
+        if self._suspect_checked:
+            log.info(
+                "%s: %d file(s) were written unsynced before the last boot: their bytes were "
+                "checked against their digests before being kept",
+                self.where.label,
+                self._suspect_checked,
+            )
+        stale = [] if self.where.earlier is not None else self._stale()
+        head = self._head
+        unchanged = head is not None and (head.source, head.revision) == (
+            self.source_uri,
+            self.revision,
+        )
+        if not self.todo and not stale and unchanged:
+            self.outcome.up_to_date = True
+            self.where.commits.remove()  # left behind by a run killed just after its manifest
+        else:
+            self._touch()
+            self.outcome.removed = _remove_stale(self.where, stale)
+            self._announce()
+        self.progress.listed()
+        self._db.execute(f"UPDATE {self._state} SET done = 1")
+        self._db.commit()
+
+    def _announce(self) -> None:
+        if not self.todo:
+            return
+        resumed = self.outcome.bytes_resumed
+        log.info(
+            "%s: %s %d of %d files (%s)%s",
+            self.where.label,
+            "listed; fetching" if self.streamed else "fetching",
+            len(self.todo),
+            self.outcome.files_total,
+            human_bytes(self.todo.total_bytes),
+            f", resuming {human_bytes(resumed)} already on disk" if resumed else "",
+        )
+
+    def _stale(self) -> list[str]:
+        """Paths an earlier run committed that the source no longer lists, in path order."""
+        rows = self._db.execute(
+            f"SELECT path FROM {self._earlier} WHERE path NOT IN (SELECT path FROM {self._final})"
+            f" AND path NOT IN (SELECT path FROM {self.todo.name}) ORDER BY path"
+        )
+        return [path for (path,) in rows]
+
+    # -- the listing's thread ------------------------------------------------------------------
+
+    def begin(self) -> None:
+        """Plan the rest of a listing still arriving, in a thread, while the jobs run (called
+        once the worker processes are forked: a fork copies only its calling thread)."""
+        if self.streamed and self._lister is None:
+            self._lister = threading.Thread(target=self._list_rest, name="listing", daemon=True)
+            self._lister.start()
+
+    def _list_rest(self) -> None:
+        assert self.listing.rest is not None
+        try:
+            for _ in self.listing.rest:
+                if self.stop.is_set():
+                    return
+                self.advance(done=False)
+            self.listing.rest = None
+            self.advance(done=True)
+        except BaseException as exc:  # the run's failure: every worker stops
+            self.failure = exc
+            self.stop.set()
+            interrupt_reads()
+
+    def listed(self, timeout: float | None = None) -> None:
+        """Wait for the listing's thread to end (``timeout``: at most that long, when the run
+        is failing anyway); raise what it failed with."""
+        if self._lister is not None:
+            self._lister.join(timeout)
+        if self.failure is not None:
+            raise self.failure
+
+    # -- the jobs ------------------------------------------------------------------------------
+
+    def small_files(self) -> int:
+        """Files to fetch in one range (those worker processes may share); for a listing still
+        arriving, as many as a listing of more than a page suggests."""
+        if self.streamed:
+            return UNCOUNTED
+        (count,) = self._db.execute(
+            f"SELECT COUNT(*) FROM {self.todo.name} WHERE size <= ?", (RANGE_SIZE,)
+        ).fetchone()
+        return int(count)
+
+    def windows(self, share: int = 0, count: int = 1) -> Iterator[list[FileJob]]:
+        """Share ``share`` of ``count`` processes' jobs, ``WINDOW`` at a time, each window's
+        made as it is due. The small files are dealt out in turn (largest first when the plan
+        is complete, so each share gets as many bytes); share 0 (the parent) also takes every
+        larger file. A process reads the plan through a connection of its own while the
+        listing's thread writes it, and after a fork (a connection must not cross one)."""
+        room = partial(make_room_for, self.where.dest, made=set(), where="the source")
+        if self.streamed:
+            batches: Iterator[list[Any]] = self._arriving(share, count)
+        else:
+            batches = self._largest_first(share, count)
+        for rows in batches:
+            yield [_job(row_to_file(row), self.where.dest, room) for row in rows]
+
+    def _largest_first(self, share: int, count: int) -> Iterator[list[Any]]:
+        db = self._db if share == 0 else self._scratch.reader()
+        rows = db.execute(
+            f"SELECT {COLUMNS} FROM (SELECT *, CASE WHEN size > :large THEN 0 ELSE "
+            f"(ROW_NUMBER() OVER (PARTITION BY size > :large ORDER BY size DESC, seq) - 1) "
+            f"% :count END AS share FROM {self.todo.name}) "
+            "WHERE share = :share ORDER BY size DESC, seq",
+            {"large": RANGE_SIZE, "count": count, "share": share},
+        )
+        while batch := rows.fetchmany(WINDOW):
+            yield batch
+
+    def _arriving(self, share: int, count: int) -> Iterator[list[Any]]:
+        """This share's jobs as the listing's thread plans them, in the order planned."""
+        db = self._scratch.reader()
+        query = (
+            f"SELECT {COLUMNS}, seq FROM {self.todo.name} WHERE seq > :cursor AND "
+            "(CASE WHEN size > :large THEN 0 ELSE seq % :count END) = :share "
+            "ORDER BY seq LIMIT :window"
+        )
+        given = {"cursor": 0, "large": RANGE_SIZE, "count": count, "share": share}
+        while True:
+            if self.failure is not None:
+                raise self.failure
+            if self.stop.is_set():
+                raise Interrupted(STOPPED)
+            (done,) = db.execute(f"SELECT done FROM {self._state}").fetchone()
+            rows = db.execute(query, {**given, "window": WINDOW}).fetchall()
+            if rows:
+                given["cursor"] = rows[-1][-1]
+                yield rows
+            elif done:
+                return
+            else:
+                self.stop.wait(POLL_SECONDS)
+
+    # -- the records ---------------------------------------------------------------------------
 
     def keep(self, records: Iterable[tuple[str, FileRecord]]) -> None:
         """Note files in place (kept or just committed), for the manifest."""
@@ -103,36 +382,10 @@ class Plan:
             for path, size, checksum, version, mtime_ns in rows:
                 yield path, FileRecord(size, checksum, version, mtime_ns)
 
-    def small_files(self) -> int:
-        """Files to fetch in one range: those worker processes may share."""
-        (count,) = self._db.execute(
-            f"SELECT COUNT(*) FROM {self.todo.name} WHERE size <= ?", (RANGE_SIZE,)
-        ).fetchone()
-        return int(count)
-
-    def windows(self, share: int = 0, count: int = 1) -> Iterator[list[FileJob]]:
-        """Share ``share`` of ``count`` processes' jobs, largest first, ``WINDOW`` at a time,
-        each window's made as it is due. The small files are dealt out in turn by size, so
-        each share gets as many bytes; share 0 (the parent) also takes every larger file.
-        Another process than the one that planned reads the plan through a connection of
-        its own (a connection must not cross a fork)."""
-        db = self._db if share == 0 else self.todo.scratch.reader()
-        room = partial(make_room_for, self.where.dest, made=set(), where="the source")
-        rows = db.execute(
-            f"SELECT {COLUMNS} FROM (SELECT *, CASE WHEN size > :large THEN 0 ELSE "
-            f"(ROW_NUMBER() OVER (PARTITION BY size > :large ORDER BY size DESC, seq) - 1) "
-            f"% :count END AS share FROM {self.todo.name}) "
-            "WHERE share = :share ORDER BY size DESC, seq",
-            {"large": RANGE_SIZE, "count": count, "share": share},
-        )
-        while batch := rows.fetchmany(WINDOW):
-            yield [_job(row_to_file(row), self.where.dest, room) for row in batch]
-
     def keep_committed(self, commits: CommitLog) -> None:
         """Note the files this run committed (every process's, from the commit log), for
         the manifest: the last record of a path wins, and only paths this run fetched."""
-        staged = self.todo.scratch.new_name("committed")
-        self._db.execute(f"CREATE TABLE {staged} ({_RECORD})")
+        staged = self._table("committed", _RECORD)
         self._db.executemany(
             f"INSERT OR REPLACE INTO {staged} VALUES (?, ?, ?, ?, ?)", _rows(commits.records())
         )
@@ -143,63 +396,9 @@ class Plan:
         self._db.commit()
 
 
-def plan(
-    where: Destination, files: Iterable[RemoteFile], source_uri: str, revision: str | None
-) -> Plan:
-    """What is in place, what is stale (removed here) and the jobs for the rest; an outcome
-    marked up to date when there is nothing to do."""
-    listed = as_table(files)
-    head = read_manifest_head(where.record)
-    planned = Plan(where, listed, Outcome(len(listed), bytes_total=listed.total_bytes))
-    earlier = _earlier_records(where, listed, head is not None)
-    batch: list[tuple[str, FileRecord]] = []
-    suspect_checked = 0
-    for remote, found in _with_records(listed, earlier):
-        record = _in_place(where.dest, remote, found)
-        suspect_checked += found is not None and not found[2]
-        if record is not None:
-            batch.append((remote.path, record))
-            if len(batch) >= BATCH:
-                planned.keep(batch)
-                batch.clear()
-        else:
-            planned.todo.append(remote)
-    if suspect_checked:
-        log.info(
-            "%s: %d file(s) were written unsynced before the last boot: their bytes were "
-            "checked against their digests before being kept",
-            where.label,
-            suspect_checked,
-        )
-    planned.keep(batch)
-    planned.todo.flush()
-    listed.db.commit()
-    stale = [] if where.earlier is not None else _stale(listed, earlier)
-    unchanged = head is not None and head.source == source_uri and head.revision == revision
-    if not planned.todo and not stale and unchanged:
-        planned.outcome.up_to_date = True
-        where.commits.remove()  # left behind by a run killed just after its manifest
-        return planned
-
-    remove_manifest(where.dest)  # the tree is about to change
-    where.record.unlink(missing_ok=True)
-    planned.outcome.removed = _remove_stale(where, stale)
-    resumed = _check_space(where.dest, planned.todo)
-    planned.outcome.bytes_resumed = resumed
-    kept_count, kept_bytes = planned.kept()
-    planned.progress = Progress(
-        len(listed), listed.total_bytes, kept_bytes + resumed, files_present=kept_count
-    )
-    if planned.todo:
-        log.info(
-            "%s: fetching %d of %d files (%s)%s",
-            where.label,
-            len(planned.todo),
-            len(listed),
-            human_bytes(planned.todo.total_bytes),
-            f", resuming {human_bytes(resumed)} already on disk" if resumed else "",
-        )
-    return planned
+def _prefixed(columns: str) -> str:
+    """``a, b`` as ``f.a, f.b``."""
+    return ", ".join(f"f.{name.strip()}" for name in columns.split(","))
 
 
 def _job(remote: RemoteFile, dest: Path, room: Callable[[Path], None]) -> FileJob:
@@ -262,19 +461,6 @@ def _manifest_with_trust(path: Path, booted: str) -> Iterator[Trusted]:
     return ((p, r, trusted) for p, r in manifest_records(path))
 
 
-def _with_records(listed: FileTable, earlier: str) -> Iterator[tuple[RemoteFile, Trusted | None]]:
-    """Each listed file with its earlier record, if any, in the order listed."""
-    rows = listed.db.execute(
-        f"SELECT f.path, f.size, f.version, f.algorithm, f.digest, f.parts, f.locator, "
-        f"f.ranged, e.size, e.checksum, e.version, e.mtime_ns, e.suspect FROM {listed.name} f "
-        f"LEFT JOIN {earlier} e ON e.path = f.path ORDER BY f.seq"
-    )
-    while batch := rows.fetchmany(BATCH):
-        for row in batch:
-            file = row_to_file(row)
-            yield file, None if row[8] is None else (file.path, FileRecord(*row[8:12]), not row[12])
-
-
 def _in_place(dest: Path, remote: RemoteFile, earlier: Trusted | None) -> FileRecord | None:
     """The earlier record of ``remote`` when its file is still the one recorded: same version
     and size as listed, same size and mtime on disk and, for a file a crash may have emptied
@@ -309,15 +495,6 @@ def _bytes_match(dest: Path, path: str, record: FileRecord) -> bool:
         os.close(fd)
 
 
-def _stale(listed: FileTable, earlier: str) -> list[str]:
-    """Paths an earlier run committed that the source no longer lists, in path order."""
-    rows = listed.db.execute(
-        f"SELECT path FROM {earlier} WHERE path NOT IN (SELECT path FROM {listed.name}) "
-        "ORDER BY path"
-    )
-    return [path for (path,) in rows]
-
-
 def _remove_stale(where: Destination, stale: list[str]) -> list[str]:
     """Delete files a previous run committed that the source no longer lists."""
     removed = []
@@ -332,26 +509,3 @@ def _remove_stale(where: Destination, stale: list[str]) -> list[str]:
     if removed:
         log.info("%s: removed %d file(s) no longer in the source", where.label, len(removed))
     return removed
-
-
-def _check_space(dest: Path, todo: FileTable) -> int:
-    """Refuse a fetch the disk cannot hold; the bytes an interrupted run left that are kept.
-
-    Only a file large enough to be resumed can have bytes on disk already: only those jobs are
-    made here (their journal read), the rest count whole."""
-    resumed = 0
-    for remote in todo.query(
-        f"SELECT {COLUMNS} FROM {todo.name} WHERE size > ? AND ranged",
-        (CHECKPOINT,),
-    ):
-        job = FileJob(remote, dest)
-        job.plan()
-        resumed += job.present
-    needed = todo.total_bytes - resumed
-    free = shutil.disk_usage(dest).free
-    if needed > free:
-        raise LocalStorageError(
-            f"{dest} has {human_bytes(free)} free but the fetch needs "
-            f"{human_bytes(needed)} more; free space or use a bigger volume"
-        )
-    return resumed

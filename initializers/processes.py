@@ -33,6 +33,7 @@ from initializers.interrupts import interrupt_reads
 
 FILES_PER_PROCESS = 64  # fewer single-range files than this per process: threads suffice
 MAX_PROCESSES = 4
+UNCOUNTED = 1 << 20  # small files a listing still arriving is taken to hold: all the processes
 FLUSH_BYTES = 16 << 20  # a child forwards progress after this many bytes...
 FLUSH_SECONDS = 0.5  # ...or this long, whichever comes first
 _PR_SET_PDEATHSIG = 1

@@ -45,15 +45,22 @@ class Snapshot:
     bytes_total: int
     bytes_fetched: int  # transferred by this run (excludes what was already in place)
     elapsed: float
+    listing: bool = False  # the totals grow: the listing is still arriving
 
 
 class Progress:
     """Thread-safe counters for one run."""
 
     def __init__(
-        self, files_total: int, bytes_total: int, bytes_present: int, files_present: int = 0
+        self,
+        files_total: int,
+        bytes_total: int,
+        bytes_present: int,
+        files_present: int = 0,
+        listing: bool = False,
     ) -> None:
         self._lock = threading.Lock()
+        self._listing = listing
         self._files_total = files_total
         self._bytes_total = bytes_total
         self._bytes_present = bytes_present
@@ -74,6 +81,18 @@ class Progress:
             self._fetched += fetched
             self._files_done += files
 
+    def grow(self, files: int, size: int, bytes_present: int, files_present: int) -> None:
+        """More files listed: ``files`` of ``size`` bytes, of which some are in place."""
+        with self._lock:
+            self._files_total += files
+            self._bytes_total += size
+            self._bytes_present += bytes_present
+            self._files_done += files_present
+
+    def listed(self) -> None:
+        """The listing is complete: the totals are final."""
+        self._listing = False
+
     def snapshot(self) -> Snapshot:
         with self._lock:
             return Snapshot(
@@ -83,17 +102,22 @@ class Progress:
                 self._bytes_total,
                 self._fetched,
                 time.monotonic() - self._started,
+                self._listing,
             )
 
 
 def format_line(label: str, snap: Snapshot, rate: float) -> str:
     pct = 100.0 * snap.bytes_done / snap.bytes_total if snap.bytes_total else 100.0
     remaining = snap.bytes_total - snap.bytes_done
-    eta = human_seconds(remaining / rate) if rate > 0 else "?"
+    more = "+" if snap.listing else ""  # totals of what is listed so far
+    if snap.listing:
+        eta = "still listing"
+    else:
+        eta = "ETA " + (human_seconds(remaining / rate) if rate > 0 else "?")
     return (
-        f"{label}: {snap.files_done}/{snap.files_total} files, "
-        f"{human_bytes(snap.bytes_done)}/{human_bytes(snap.bytes_total)} ({pct:.0f}%), "
-        f"{rate / MIB:.1f} MiB/s, ETA {eta}"
+        f"{label}: {snap.files_done}/{snap.files_total}{more} files, "
+        f"{human_bytes(snap.bytes_done)}/{human_bytes(snap.bytes_total)}{more} ({pct:.0f}%), "
+        f"{rate / MIB:.1f} MiB/s, {eta}"
     )
 
 

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from initializers import native, processes
 from initializers.commits import GroupCommit
 from initializers.destination import storage_error
-from initializers.errors import InitializerError, Interrupted, TransientError
+from initializers.errors import STOPPED, InitializerError, Interrupted, TransientError
 from initializers.fetching import Cancelled, FileFetcher
 from initializers.filejob import FileJob, interleaved
 from initializers.fsutil import fsync_dir
@@ -40,14 +40,14 @@ log = logging.getLogger(__name__)
 
 
 class Work(Protocol):
-    """What the scheduler runs: jobs in windows, dealt out between processes."""
+    """What the scheduler runs: jobs in windows, dealt out between processes; ``begin`` is
+    called in the parent once they are forked (a plan still being made goes on from there)."""
 
     def small_files(self) -> int: ...
 
+    def begin(self) -> None: ...
+
     def windows(self, share: int, count: int) -> Iterator[list[FileJob]]: ...
-
-
-STOPPED = "stopped by a signal; rerun to resume (fetched bytes are kept)"
 
 
 class Scheduler:
@@ -80,6 +80,7 @@ class Scheduler:
         small = work.small_files()  # a count over the whole plan: asked once
         count = processes.process_count(small, self.workers)
         if count == 1:
+            work.begin()
             with Reporter(progress, self.label, self.progress_interval):
                 return self.run_windows(work.windows(0, 1), self.workers, progress)
         each = max(1, self.workers // count)
@@ -90,7 +91,9 @@ class Scheduler:
             processes.fork(partial(self._share, work, i, count, each), self.stop)
             for i in range(1, count)
         ]
-        log.debug("%s: %d worker processes share %d files", self.label, count, small)
+        work.begin()  # the parent's own threads start only now
+        shared = "the small" if small == processes.UNCOUNTED else str(small)
+        log.debug("%s: %d worker processes share %s files", self.label, count, shared)
         relay = threading.Thread(
             target=processes.gather,
             args=(children, self.stop, progress.add_counts),

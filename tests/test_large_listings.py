@@ -13,7 +13,6 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from initializers.config import AssetDefaults, load_settings
-from initializers.errors import TransientError
 from initializers.filejob import FileJob
 from initializers.manifest import (
     LINES_PER_PIECE,
@@ -63,14 +62,14 @@ def test_a_manifest_written_in_pieces_is_one_document_with_a_line_per_file(count
 
 
 PLAN_AND_TRACE = """
-import json, sys, tracemalloc
+import json, sys, threading, tracemalloc
 from pathlib import Path
 from initializers.filetable import FileTable
 from initializers.journal import CommitLog
 from initializers.manifest import FileRecord, manifest_path, write_manifest_records
-from initializers.planning import Destination, plan
-from initializers.selection import select
-from initializers.sources.base import RemoteFile
+from initializers.planning import Destination, Plan
+from initializers.selection import Chooser
+from initializers.sources.base import Listing, Order, RemoteFile
 
 dest, count = Path(sys.argv[1]), int(sys.argv[2])
 def remote(i):
@@ -83,9 +82,10 @@ write_manifest_records(
 tracemalloc.start()
 listing = FileTable()
 listing.extend(remote(i) for i in range(count))
-chosen = select(listing, (), ()).files
+chooser = Chooser(Listing(None, listing, order=Order.KEYS))
 where = Destination(dest, manifest_path(dest), CommitLog(dest), "d")
-planned = plan(where, chosen, "s3://bucket/d", None)
+planned = Plan(where, chooser, "s3://bucket/d", None, threading.Event())
+planned.advance(done=True)
 jobs = sum(len(window) for window in planned.windows())
 peak = tracemalloc.get_traced_memory()[1]
 print(json.dumps({"peak": peak, "jobs": jobs, "listed": len(listing)}))
@@ -141,28 +141,6 @@ def test_entries_become_remote_files_as_their_page_arrives_not_after_the_last():
     )
     assert asked == [(0, 0), (1, 4), (2, 8)]
     assert [f.path for f in listing.files] == made and len(made) == 12
-
-
-def test_a_listing_that_fails_midway_is_taken_again_whole_not_doubled():
-    attempts = []
-
-    def pages(folder: str):
-        attempts.append(1)
-        yield Entry(f"{folder}a", 1, None)
-        if len(attempts) == 1:
-            raise TransientError("the second page failed")
-        yield Entry(f"{folder}b", 1, None)
-
-    listing = list_prefix(
-        "data",
-        where="s3://bucket/data",
-        retry=RetryPolicy(attempts=3, sleep=lambda _: None),
-        list_folder=pages,
-        lookup=lambda key: None,
-        remote=lambda path, entry: RemoteFile(path, entry.size, "v"),
-    )
-    assert len(attempts) == 2
-    assert [f.path for f in listing.files] == ["a", "b"]
 
 
 def test_a_files_response_headers_are_dropped_once_its_checksum_is_known(tmp_path):

@@ -18,6 +18,7 @@ import re
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol, Self
 from urllib.parse import quote, urlencode, urlsplit
 
@@ -149,26 +150,7 @@ class AzureSource(Source):
             query = {"restype": "container", "comp": "list", "prefix": folder}
             if marker:
                 query["marker"] = marker
-            status, _, body = self._request(
-                "GET", f"/{self.location.container}", query, self.describe()
-            )
-            if status == 404:
-                raise NotFoundError(
-                    f"{self.describe()}: container {self.location.container!r} does not exist "
-                    f"in account {self.location.account!r}"
-                    + (
-                        ""
-                        if self._signer or self._sas
-                        else f"; if it is private, {NO_CREDENTIALS_HINT}"
-                    )
-                )
-            failure = status_error(status, self.describe())
-            if failure is not None:
-                raise failure
-            try:
-                root = ElementTree.fromstring(body)
-            except ElementTree.ParseError:
-                raise TransientError(f"{self.describe()}: the listing was not valid XML") from None
+            root = self.retry.call(partial(self._list_page, query), self.describe())
             for blob in root.iter("Blob"):
                 properties = {
                     child.tag: child.text or "" for child in blob.find("Properties") or ()
@@ -177,6 +159,25 @@ class AzureSource(Source):
             marker = root.findtext("NextMarker") or ""
             if not marker:
                 return
+
+    def _list_page(self, query: Mapping[str, str]) -> ElementTree.Element:
+        where, container = self.describe(), self.location.container
+        status, _, body = self._request("GET", f"/{container}", query, where)
+        if status == 404:
+            private = (
+                "" if self._signer or self._sas else f"; if it is private, {NO_CREDENTIALS_HINT}"
+            )
+            raise NotFoundError(
+                f"{where}: container {container!r} does not exist "
+                f"in account {self.location.account!r}{private}"
+            )
+        failure = status_error(status, self.describe())
+        if failure is not None:
+            raise failure
+        try:
+            return ElementTree.fromstring(body)
+        except ElementTree.ParseError:
+            raise TransientError(f"{self.describe()}: the listing was not valid XML") from None
 
     def _properties(self, name: str) -> Entry | None:
         path = f"/{self.location.container}/{quote(name, safe='/~')}"

@@ -11,6 +11,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import TYPE_CHECKING, Self
 
 from initializers.streams import RangeReader
@@ -44,15 +45,41 @@ class RemoteFile:
     checksum: Checksum | None = None
     locator: str = ""  # source-specific address: the S3 key, the path in the repo, ...
     ranged: bool = True  # False: the source can only send it whole, from its first byte
+    # The source knows of a digest it did not list (S3 lists an additional checksum's
+    # algorithm, not its value): it may have to ask for it after the fetch.
+    unlisted_digest: bool = False
 
 
-@dataclass(frozen=True)
+Skipped = tuple[str, str]  # a name the source offered that is refused: (raw name, why)
+
+
+class Order(Enum):
+    """What a listing's order says about file/folder conflicts (a key ``a`` beside ``a/b``)."""
+
+    UNKNOWN = "unknown"  # a path is decided only once the whole listing is in
+    KEYS = "keys"  # by the keys' UTF-8 bytes: ``a`` is decided once the listing passes ``a0``
+    TREE = "tree"  # names from a tree (a folder, a git commit): no file is also a folder
+
+
+@dataclass
 class Listing:
-    """Everything under a storage URI at one point in time."""
+    """Everything under a storage URI at one point in time.
+
+    A listing of more than a page may be read on demand: ``rest`` then lists one more page
+    into ``files`` and ``skipped`` each step, so fetching can start from the first page."""
 
     revision: str | None  # resolved commit (Hub); None where the source has no such notion
     files: list[RemoteFile] | FileTable  # a large listing is on disk, not in memory
-    skipped: list[tuple[str, str]] = field(default_factory=list)  # (raw name, why) refused
+    skipped: list[Skipped] = field(default_factory=list)
+    rest: Iterator[int] | None = None  # None: listed whole
+    order: Order = Order.UNKNOWN
+
+    def complete(self) -> None:
+        """List whatever is left, now."""
+        if self.rest is not None:
+            for _ in self.rest:
+                pass
+            self.rest = None
 
 
 class Source(ABC):

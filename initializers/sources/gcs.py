@@ -24,6 +24,7 @@ import re
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Self
 from urllib.parse import quote, urlencode
 
@@ -121,7 +122,8 @@ class GcsSource(Source):
             query = {"prefix": folder, "fields": _FIELDS, "maxResults": "1000"}
             if token:
                 query["pageToken"] = token
-            page = self._get_json(f"/storage/v1/b/{quote(self.location.bucket)}/o", query)
+            path = f"/storage/v1/b/{quote(self.location.bucket)}/o"
+            page = self.retry.call(partial(self._get_json, path, dict(query)), self.describe())
             yield from (_entry(obj) for obj in page.get("items", []))
             token = page.get("nextPageToken")
             if not token:

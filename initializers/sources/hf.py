@@ -42,12 +42,12 @@ from initializers.errors import (
     tls_refused,
     unloadable_ca_bundle,
 )
-from initializers.filetable import FileTable
 from initializers.fsutil import UnsafePathError, safe_relpath
 from initializers.httpstatus import check_status, is_transient
 from initializers.native import WHOLE_BODY, NativeHttp, NativeRefused, Streamed, read_roots
 from initializers.options import SourceSettings
-from initializers.sources.base import Checksum, Listing, RemoteFile, Source
+from initializers.sources.base import Checksum, Listing, Order, RemoteFile, Skipped, Source
+from initializers.sources.paging import paged_listing, resumable
 from initializers.streams import RangeReader
 from initializers.transport import CONNECT_TIMEOUT, HttpTransport
 
@@ -188,24 +188,22 @@ class HfSource(Source):
         )
         self._commit = info.sha
         self._gated = bool(getattr(info, "gated", False))
-        files, skipped = self._call(self._listed)
-        if not files and not skipped:
+        entries = resumable(self._entries, self._call)
+        listing = paged_listing(self._commit, map(self._entry, entries), Order.TREE)
+        if not listing.files and not listing.skipped:
             raise NotFoundError(f"{self.describe()} holds no files")
-        return Listing(self._commit, files, skipped)
+        return listing
 
-    def _listed(self) -> tuple[FileTable, list[tuple[str, str]]]:
-        """The files, each put in the listing's table on disk as its page of the tree arrives
-        (memory holds a page, however large the repo)."""
-        files, skipped = FileTable(), []
-        # Every file keeps its path in the repository, sub-path or not: upstream downloads the
-        # whole repo with its layout, and the Kubeflow SDK's TorchTune trainer then reads
-        # /workspace/dataset/<sub-path> (as `hf download --include` lays it out too).
-        for entry in self._entries():
-            try:
-                files.append(self._remote(safe_relpath(entry.path), entry))
-            except UnsafePathError as exc:
-                skipped.append((entry.path, str(exc)))
-        return files, skipped
+    def _entry(self, entry: RepoFile) -> RemoteFile | Skipped:
+        """A file of the tree, or its name and why it is refused.
+
+        Every file keeps its path in the repository, sub-path or not: upstream downloads the
+        whole repo with its layout, and the Kubeflow SDK's TorchTune trainer then reads
+        /workspace/dataset/<sub-path> (as `hf download --include` lays it out too)."""
+        try:
+            return self._remote(safe_relpath(entry.path), entry)
+        except UnsafePathError as exc:
+            return entry.path, str(exc)
 
     def _entries(self) -> Iterator[RepoFile]:
         commit = self._commit

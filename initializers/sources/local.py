@@ -26,10 +26,10 @@ from types import MappingProxyType
 from typing import Self
 
 from initializers.errors import AuthError, IntegrityError, NotFoundError, UsageError
-from initializers.filetable import FileTable
 from initializers.fsutil import JOURNAL_SUFFIX, PART_SUFFIX, UnsafePathError, safe_relpath
 from initializers.options import SourceSettings
-from initializers.sources.base import Listing, RemoteFile, Source
+from initializers.sources.base import Listing, Order, RemoteFile, Skipped, Source
+from initializers.sources.paging import paged_listing
 from initializers.streams import RangeReader
 
 log = logging.getLogger(__name__)
@@ -70,29 +70,31 @@ class LocalSource(Source):
             return Listing(None, [_remote(self.root.name, self.root, top)])
         if not stat.S_ISDIR(top.st_mode):
             raise UsageError(f"{self.describe()} is neither a folder nor a regular file")
-        files = FileTable()  # on disk: memory does not grow with the tree
-        skipped: list[tuple[str, str]] = []
+        listing = paged_listing(None, self._entries(), Order.TREE)
+        if not listing.files and not listing.skipped:
+            raise NotFoundError(f"{self.describe()} is an empty folder; nothing to copy")
+        return listing
+
+    def _entries(self) -> Iterator[RemoteFile | Skipped]:
+        """Every regular file below the root, or a name and why it is refused."""
         for relative, path, why in self._walk():
             if why:
-                skipped.append((relative, why))
+                yield relative, why
                 continue
             try:
                 info = path.stat()
             except FileNotFoundError:
-                skipped.append((relative, "is a dangling symlink"))
+                yield relative, "is a dangling symlink"
                 continue
             except PermissionError:
                 raise _unreadable(f"{self.describe()}/{relative}") from None
             if not stat.S_ISREG(info.st_mode):
-                skipped.append((relative, "is not a regular file"))
+                yield relative, "is not a regular file"
                 continue
             try:
-                files.append(_remote(safe_relpath(relative), path, info))
+                yield _remote(safe_relpath(relative), path, info)
             except UnsafePathError as exc:
-                skipped.append((relative, str(exc)))
-        if not files and not skipped:
-            raise NotFoundError(f"{self.describe()} is an empty folder; nothing to copy")
-        return Listing(None, files, skipped)
+                yield relative, str(exc)
 
     def _walk(self) -> Iterator[tuple[str, Path, str | None]]:
         """(relative name, path, why it is skipped or None) for every entry below the root."""

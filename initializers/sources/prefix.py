@@ -9,15 +9,15 @@ skipped with the reason.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from initializers.errors import NotFoundError, UsageError
-from initializers.filetable import FileTable
 from initializers.fsutil import UnsafePathError, safe_relpath
 from initializers.retry import RetryPolicy
-from initializers.sources.base import Listing, RemoteFile
+from initializers.sources.base import Listing, Order, RemoteFile, Skipped
+from initializers.sources.paging import paged_listing
 
 
 def split_location(
@@ -58,24 +58,23 @@ def list_prefix(
     """List ``prefix`` by the rule above; ``nouns`` name the objects and their container in the
     not-found message ("blobs", "container" for Azure).
 
-    ``list_folder`` gives the entries as its pages arrive, and each goes to the listing's
-    table on disk at once: memory holds a page, however many objects there are."""
+    ``list_folder`` gives the entries as its pages arrive (each page retried on its own); the
+    first page is read now, the rest as the engine asks (:mod:`initializers.sources.paging`)."""
     folder = prefix if prefix.endswith("/") or not prefix else prefix + "/"
+    seen = [0]  # entries listed, folder placeholders included
 
-    def listed() -> tuple[int, FileTable, list[tuple[str, str]]]:
-        count, files, skipped = 0, FileTable(), []
+    def entries() -> Iterator[RemoteFile | Skipped]:
         for entry in list_folder(folder):
-            count += 1
+            seen[0] += 1
             if entry.key.endswith("/") and entry.size == 0:
                 continue  # a folder placeholder
             try:
-                files.append(remote(safe_relpath(entry.key[len(folder) :]), entry))
+                yield remote(safe_relpath(entry.key[len(folder) :]), entry)
             except UnsafePathError as exc:
-                skipped.append((entry.key, str(exc)))
-        return count, files, skipped
+                yield entry.key, str(exc)
 
-    count, files, skipped = retry.call(listed, where)
-    if not count and prefix and not prefix.endswith("/"):
+    listing = paged_listing(None, entries(), Order.KEYS)
+    if not seen[0] and prefix and not prefix.endswith("/"):
         single = retry.call(lambda: lookup(prefix), prefix)
         if single is not None:
             try:  # the object's own name must be as safe as any listed key
@@ -83,10 +82,10 @@ def list_prefix(
             except UnsafePathError as exc:
                 return Listing(None, [], [(prefix, str(exc))])
             return Listing(None, [remote(name, single)])
-    if not count:
+    if not seen[0]:
         things, container = nouns
         raise NotFoundError(
             f"no {things} under {where.rstrip('/')}/ — check the {container} and prefix "
             "(the prefix matches whole folder names)"
         )
-    return Listing(None, files, skipped)
+    return listing

@@ -98,7 +98,6 @@ class S3Source(Source):
         self._native = NativeHttp(
             self._origin, headers={}, timeout=settings.timeout, roots=read_roots(settings.ca_bundle)
         )
-        self._with_additional: set[str] = set()  # keys listed with an additional checksum
 
     @classmethod
     def from_settings(cls, location: str, settings: SourceSettings) -> Self:
@@ -132,11 +131,7 @@ class S3Source(Source):
         )
 
     def _list_objects(self, folder: str) -> Iterator[Entry]:
-        # Listings name a checksum's algorithm, not its value: a HEAD may find the value later.
-        self._with_additional = set()
         for o in self._plane.list_objects(folder):
-            if o.get("ChecksumAlgorithm"):
-                self._with_additional.add(o["Key"])
             yield Entry(o["Key"], int(o.get("Size", 0)), o)
 
     def _head_entry(self, key: str) -> Entry | None:
@@ -164,6 +159,8 @@ class S3Source(Source):
             version=etag or None,
             checksum=additional or checksum,
             locator=key,
+            # A listing names a checksum's algorithm, not its value: a HEAD may find it later.
+            unlisted_digest=additional is None and bool(obj.get("ChecksumAlgorithm")),
         )
 
     # -- fetching -------------------------------------------------------------------------------
@@ -209,7 +206,7 @@ class S3Source(Source):
         digest = parts_checksum(answer, count) if count else None
         # One HEAD per file fetched in ranges (large files: its cost is nothing beside theirs),
         # or listed with an algorithm the GET did not answer with.
-        if found is None and digest is None and (ranged or file.locator in self._with_additional):
+        if found is None and digest is None and (ranged or file.unlisted_digest):
             answer = self._head_object(file.locator) or {}
             found = full_object_checksum(answer)
             digest = parts_checksum(answer, count) if count else None

@@ -14,6 +14,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 from urllib.parse import quote, unquote_plus, urlencode, urlsplit
 
@@ -93,7 +94,7 @@ class RestPlane:
             query = {"list-type": "2", "prefix": folder, "encoding-type": "url"}
             if token:
                 query["continuation-token"] = token
-            root, ns = self._list_page(query)
+            root, ns = self.retry.call(partial(self._list_page, query), self.where)
             encoded_keys = root.findtext(f"{ns}EncodingType") == "url"  # else the server ignored it
             truncated = root.findtext(f"{ns}IsTruncated", "false") == "true"
             token = root.findtext(f"{ns}NextContinuationToken")

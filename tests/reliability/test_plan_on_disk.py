@@ -1,12 +1,14 @@
 """The plan on disk: a stop while a long listing arrives, and the previous release's manifests.
 
-The listing, the selection and the plan live in a scratch table under TMPDIR: a run stopped
-before fetching leaves neither the table nor anything in the destination, and a destination the
-previous release completed (its manifest written by that code) is complete for this one too.
+The listing, the selection and the plan live in a scratch table under TMPDIR, and fetching
+starts with the first page: a run stopped while the listing still arrives leaves no table and
+only complete, recorded files, and a destination the previous release completed (its manifest
+written by that code) is complete for this one too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -17,6 +19,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
+from initializers.journal import CommitLog
 from initializers.manifest import find_problems
 from tests.conftest import clean_env
 
@@ -25,11 +28,15 @@ PAGES = 200
 
 
 class _SlowListing(BaseHTTPRequestHandler):
-    """ListObjectsV2 of ``PAGES`` pages of ``PAGE`` keys, a tenth of a second a page."""
+    """ListObjectsV2 of ``PAGES`` pages of ``PAGE`` one-byte keys, a tenth of a second a page;
+    each key's object is ``x``."""
 
     protocol_version = "HTTP/1.1"
 
     def do_GET(self) -> None:
+        if urlsplit(self.path).path != "/bucket/":
+            self._send(b"x", "application/octet-stream")
+            return
         query = {k: v[0] for k, v in parse_qs(urlsplit(self.path).query).items()}
         page = int(query.get("continuation-token", "0"))
         self.server.pages_served += 1  # type: ignore[attr-defined]
@@ -47,17 +54,21 @@ class _SlowListing(BaseHTTPRequestHandler):
             + keys
             + "</ListBucketResult>"
         ).encode()
+        self._send(body, "application/xml")
+
+    def _send(self, body: bytes, kind: str) -> None:
         self.send_response(200)
-        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(body)
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the run was stopped
+            self.wfile.write(body)
 
     def log_message(self, *args: object) -> None:
         pass
 
 
-def test_sigterm_while_a_long_listing_arrives_exits_143_leaving_no_scratch_and_no_file(
+def test_sigterm_while_a_long_listing_arrives_exits_143_leaving_no_scratch_and_only_whole_files(
     launch, tmp_path
 ):
     server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowListing)
@@ -87,7 +98,13 @@ def test_sigterm_while_a_long_listing_arrives_exits_143_leaving_no_scratch_and_n
         server.shutdown()
     assert server.pages_served < PAGES  # type: ignore[attr-defined]
     assert list(scratch.iterdir()) == []
-    assert not out.exists() or not any(p.is_file() for p in out.rglob("*"))
+    # Fetching began with the first page: every file under its final name is whole, and
+    # recorded in the commit log, so the rerun keeps it.
+    final = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    final = {p for p in final if not p.rpartition("/")[2].startswith(".")}
+    assert final, "nothing was fetched while the listing arrived"
+    assert all((out / p).read_bytes() == b"x" for p in final)
+    assert final <= {path for path, _ in CommitLog(out).records()}
 
 
 def _manifest_as_the_previous_release_wrote_it(source: str, records: dict[str, dict]) -> bytes:

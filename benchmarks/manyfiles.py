@@ -39,6 +39,7 @@ class Run:
     first_get_s: float | None
     object_gets: int
     returncode: int
+    latency_ms: int = 0
 
 
 def _log_position(log: Path) -> int:
@@ -88,28 +89,64 @@ def _run(
     return got.wall_s, got.cpu_s, got.peak_rss_mib, first, gets, got.returncode
 
 
-def measure_count(count: int, rounds: int, work: Path) -> list[Run]:
+def _env(url: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "STORAGE_URI": f"s3://{BUCKET}/{PREFIX}",
+        "ENDPOINT": url,
+        "ANONYMOUS": "true",
+        "REGION": "us-east-1",
+        "PROGRESS_INTERVAL": "30",
+    }
+
+
+def measure_count(count: int, rounds: int, work: Path, latency_ms: int = 0) -> list[Run]:
     runs: list[Run] = []
-    with endpoint(count, work / "endpoint") as url:
+    with endpoint(count, work / "endpoint", latency_ms / 1000) as url:
         log = work / "endpoint" / "access.log"
-        env = {
-            **os.environ,
-            "STORAGE_URI": f"s3://{BUCKET}/{PREFIX}",
-            "ENDPOINT": url,
-            "ANONYMOUS": "true",
-            "REGION": "us-east-1",
-            "PROGRESS_INTERVAL": "30",
-        }
+        env = _env(url)
         for r in range(rounds):
             order = ["ours", "s5cmd"] if r % 2 == 0 else ["s5cmd", "ours"]
             for name in order:
                 dest = work / f"dest-{name}"
                 shutil.rmtree(dest, ignore_errors=True)
                 got = _run(name, _contenders(url, dest)[name], env, work, log)
-                runs.append(Run(count, name, r, *got))
+                runs.append(Run(count, name, r, *got, latency_ms))
                 _check(name, got[-1], dest, count, work)
             got = _run("warm", _contenders(url, work / "dest-ours")["ours"], env, work, log)
-            runs.append(Run(count, "ours-warm", r, *got))
+            runs.append(Run(count, "ours-warm", r, *got, latency_ms))
+    return runs
+
+
+def measure_resume(count: int, work: Path) -> list[Run]:
+    """Ours killed (SIGKILL, every process) once it wrote half of the bytes, then rerun: what
+    the rerun fetches again, and its memory."""
+    with endpoint(count, work / "endpoint") as url:
+        log = work / "endpoint" / "access.log"
+        env, dest = _env(url), work / "dest-resume"
+        argv = _contenders(url, dest)["ours"]
+        position = _log_position(log)
+        killed = measure.run(
+            argv, env, work / "killed.log", kill_after_written=total_bytes(count) // 2
+        )
+        time.sleep(0.2)
+        first, gets = _gets_since(log, position, killed.started_at)
+        runs = [
+            Run(
+                count,
+                "ours-killed-at-half",
+                0,
+                killed.wall_s,
+                killed.cpu_s,
+                killed.peak_rss_mib,
+                first,
+                gets,
+                killed.returncode,
+            )
+        ]
+        got = _run("resumed", argv, env, work, log)
+        runs.append(Run(count, "ours-resumed", 0, *got))
+        _check("resumed", got[-1], dest, count, work)
     return runs
 
 
@@ -130,7 +167,8 @@ def report(runs: list[Run]) -> str:
     ]
     keyed: dict[tuple[int, str], list[Run]] = {}
     for run in runs:
-        keyed.setdefault((run.count, run.contender), []).append(run)
+        late = f" @{run.latency_ms} ms" if run.latency_ms else ""
+        keyed.setdefault((run.count, run.contender + late), []).append(run)
     for (count, name), group in sorted(keyed.items()):
         rss = [r.peak_rss_mib for r in group]
         firsts = [r.first_get_s for r in group if r.first_get_s is not None]
@@ -143,13 +181,39 @@ def report(runs: list[Run]) -> str:
             f"({min(rss):.0f}-{max(rss):.0f}) | {statistics.median(r.wall_s for r in group):.1f} "
             f"| - | {group[-1].object_gets:,} |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, *_ratios(keyed)]) + "\n"
+
+
+def _ratios(keyed: dict[tuple[int, str], list[Run]]) -> list[str]:
+    """s5cmd's wall time over ours, round by round: the median and its range."""
+    found = []
+    for (count, name), group in sorted(keyed.items()):
+        if not name.startswith("s5cmd"):
+            continue
+        ours = {r.round: r.wall_s for r in keyed.get((count, name.replace("s5cmd", "ours")), [])}
+        ratios = sorted(r.wall_s / ours[r.round] for r in group if r.round in ours)
+        if ratios:
+            late = name.removeprefix("s5cmd")
+            found.append(
+                f"\n{count:,} files{late}: ours {statistics.median(ratios):.2f}x s5cmd's speed "
+                f"(range {ratios[0]:.2f}-{ratios[-1]:.2f}, {len(ratios)} paired rounds)"
+            )
+    for (count, name), group in sorted(keyed.items()):
+        if name == "ours-resumed":
+            again = group[-1].object_gets
+            found.append(
+                f"\n{count:,} files, killed at half the bytes: the rerun fetched {again:,} "
+                f"objects again ({100 * again / count:.1f}%)"
+            )
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.manyfiles", description=__doc__)
     parser.add_argument("--counts", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--latency-counts", type=int, nargs="*", default=[100_000])
+    parser.add_argument("--resume-count", type=int, default=None, help="default: the largest")
     args = parser.parse_args(argv)
     out = REPO / ".bench" / "results" / f"manyfiles-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True)
@@ -162,6 +226,19 @@ def main(argv: list[str] | None = None) -> int:
         for folder in work.glob("dest-*"):
             shutil.rmtree(folder, ignore_errors=True)
         print(report([r for r in runs if r.count == count]), flush=True)
+    for count in args.latency_counts:
+        work = out / f"n{count}-latency"
+        work.mkdir()
+        print(f"{count:,} objects, every response 20 ms late...", flush=True)
+        runs += measure_count(count, args.rounds, work, latency_ms=20)
+        for folder in work.glob("dest-*"):
+            shutil.rmtree(folder, ignore_errors=True)
+    resume = args.resume_count or max(args.counts)
+    work = out / f"n{resume}-resume"
+    work.mkdir()
+    print(f"{resume:,} objects: killed at half, then resumed...", flush=True)
+    runs += measure_resume(resume, work)
+    shutil.rmtree(work / "dest-resume", ignore_errors=True)
     (out / "results.json").write_text(json.dumps([asdict(r) for r in runs], indent=1))
     reporting = Path("/sys/module/page_reporting/parameters/page_reporting_order")
     head = (

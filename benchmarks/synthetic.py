@@ -19,6 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
+from benchmarks import latency
 from benchmarks.nginx import Nginx, free_port
 
 BUCKET = "bench"
@@ -104,8 +105,9 @@ def _blobs(folder: Path) -> dict[int, str]:
 
 
 @contextmanager
-def endpoint(count: int, run_dir: Path) -> Iterator[str]:
-    """The endpoint's URL while it serves ``count`` objects under ``s3://bench/d/``."""
+def endpoint(count: int, run_dir: Path, delay_s: float = 0.0) -> Iterator[str]:
+    """The endpoint's URL while it serves ``count`` objects under ``s3://bench/d/``; every
+    response waits ``delay_s`` before its first byte (:mod:`benchmarks.latency`)."""
     etags = _blobs(run_dir / "blobs")
     listing = Listing(count, etags)
     threading.Thread(target=listing.serve_forever, daemon=True).start()
@@ -113,6 +115,7 @@ def endpoint(count: int, run_dir: Path) -> Iterator[str]:
     body = f"""
     server {{
         listen 127.0.0.1:{port};
+        {latency.first_byte_delay(delay_s)}
         location ~ "^/{BUCKET}/?$" {{
             proxy_pass http://127.0.0.1:{listing.server_address[1]};
             proxy_http_version 1.1;
@@ -123,7 +126,7 @@ def endpoint(count: int, run_dir: Path) -> Iterator[str]:
         }}
     }}
 """
-    server = Nginx(run_dir, body)
+    server = Nginx(run_dir, body, modules=latency.MODULES if delay_s > 0 else ())
     server.start([port])
     try:
         yield f"http://127.0.0.1:{port}"

@@ -186,10 +186,9 @@ class _Run:
             chooser = Chooser(self.listing, self.rules, self.where)
             return self.engine_for(dest).sync(chooser, self.recorded, revision)
         if self.spec.count > 1:
-            # The byte-balanced partition takes every file at once: not yet on disk.
-            files = list(self.chosen)
             engine = partial(self.engine_for, dest)
-            return sync_shard(engine, dest, files, revision, self.recorded, self.spec)
+            chosen = as_table(self.chosen)
+            return sync_shard(engine, dest, chosen, revision, self.recorded, self.spec)
         return self.engine_for(dest).sync(self.chosen, self.recorded, revision)
 
 

@@ -25,8 +25,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from initializers.destination import FileLock, destination_lock, storage_error
@@ -35,7 +35,7 @@ from initializers.filetable import as_table
 from initializers.fsutil import boot_id
 from initializers.inflight import MIB
 from initializers.journal import CommitLog
-from initializers.manifest import FileRecord, manifest_path, write_manifest_records
+from initializers.manifest import manifest_path, write_manifest_records
 from initializers.planning import Destination, Outcome, Plan
 from initializers.progress import human_bytes
 from initializers.retry import RetryPolicy
@@ -54,7 +54,7 @@ class Share:
 
     index: int
     record: Path
-    known: Mapping[str, FileRecord] = field(default_factory=dict)  # other runs' records
+    known: tuple[Path, ...] = ()  # record files of every shard of any run
 
     @property
     def lock_name(self) -> str:

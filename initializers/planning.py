@@ -17,7 +17,7 @@ import logging
 import os
 import shutil
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -74,7 +74,7 @@ class Destination:
     record: Path
     commits: CommitLog
     label: str
-    earlier: Mapping[str, FileRecord] | None = None  # None: not shared with other shards
+    earlier: tuple[Path, ...] | None = None  # other shards' record files; None: not shared
 
 
 class Plan:
@@ -427,9 +427,8 @@ def _earlier_records(where: Destination, listed: FileTable, recorded: bool) -> s
     booted = boot_id()
     sources: list[Callable[[], Iterable[Trusted]]] = []
     if where.earlier is not None:
-        earlier = where.earlier
         sources.append(partial(_manifest_with_trust, manifest_path(where.dest), booted))
-        sources.append(lambda: ((p, r, True) for p, r in earlier.items()))
+        sources.extend(partial(_manifest_with_trust, found, booted) for found in where.earlier)
     if recorded:
         sources.append(partial(_manifest_with_trust, where.record, booted))
     sources.append(partial(where.commits.records_with_trust, booted))

@@ -218,3 +218,63 @@ def test_an_s3_listing_reads_the_same_in_s3s_namespace_or_in_none(namespaced, tm
         ("e+f.bin", 4, "data/e+f.bin"),
     ]
     assert all(f.checksum == Checksum("md5", "0" * 32) for f in listing.files)
+
+
+SHARD_AND_TRACE = """
+import json, sys, tracemalloc
+from pathlib import Path
+from initializers.filetable import FileTable
+from initializers.manifest import FileRecord, write_manifest_records
+from initializers import shards
+from initializers.shards import ShardSpec, _complete, _merged, _share
+from initializers.sources.base import RemoteFile
+
+shards.record_is_intact = lambda *_: True  # as if every file were on disk: no disk here
+
+dest, count = Path(sys.argv[1]), int(sys.argv[2])
+def remote(i):
+    return RemoteFile(f"d/{i // 500:04d}/{i:07d}.jpg", 1000 + i % 7, f"e{i}")
+records = [dest / f"shard-{i}.json" for i in range(3)]
+for i, record in enumerate(records):  # each shard's record, as its engine writes it
+    write_manifest_records(
+        record, "s3://bucket/d", None,
+        ((remote(n).path, FileRecord(remote(n).size, None, f"e{n}", 0))
+         for n in range(i, count, 3)),
+    )
+tracemalloc.start()
+listing = FileTable()
+listing.extend(remote(i) for i in range(count))
+mine, totals = _share(listing, ShardSpec(3, 1))
+complete = _complete(dest, listing, "s3://bucket/d", None)
+merged, in_order, last = 0, True, ""
+for path, _ in _merged(dest, records):
+    merged, in_order, last = merged + 1, in_order and last < path, path
+peak = tracemalloc.get_traced_memory()[1]
+print(json.dumps({"peak": peak, "mine": len(mine), "bytes": sum(totals),
+                  "merged": merged, "in_order": in_order, "complete": complete}))
+"""
+
+
+def test_a_shard_takes_its_share_and_merges_the_records_in_the_same_memory_for_more_files(
+    tmp_path,
+):
+    """Every pod of a sharded fetch deals the whole listing, and the last one merges every
+    shard's record into the manifest: both stream, so SHARDS holds at a million files."""
+
+    def peak(count: int) -> dict:
+        folder = tmp_path / str(count)
+        folder.mkdir()
+        ran = subprocess.run(
+            [sys.executable, "-c", SHARD_AND_TRACE, str(folder), str(count)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return json.loads(ran.stdout)
+
+    small, large = peak(20_000), peak(100_000)
+    assert small["mine"] in (6_666, 6_667) and large["mine"] in (33_333, 33_334)
+    assert large["bytes"] == sum(1000 + i % 7 for i in range(100_000))
+    assert (small["merged"], large["merged"]) == (20_000, 100_000)
+    assert small["in_order"] and large["in_order"] and not large["complete"]
+    assert large["peak"] < 2 * small["peak"], (small, large)

@@ -118,6 +118,49 @@ def measure_count(count: int, rounds: int, work: Path, latency_ms: int = 0) -> l
     return runs
 
 
+def local_tree(count: int) -> Path:
+    """A folder of ``count`` one-byte files, 1,000 a folder: made once, then reused."""
+    root = REPO / ".bench" / f"manyfiles-local-{count}"
+    done = root / ".complete"
+    if done.exists():
+        return root
+    shutil.rmtree(root, ignore_errors=True)
+    for i in range(count):
+        folder = root / f"{i // 1000:04d}"
+        if i % 1000 == 0:
+            folder.mkdir(parents=True)
+        (folder / f"{i:07d}.txt").write_bytes(b"x")
+    done.write_bytes(b"")
+    return root
+
+
+def measure_local(count: int, rounds: int, work: Path) -> list[Run]:
+    """Ours (``file://``) and ``cp -r`` copying the same folder, paired rounds."""
+    source = local_tree(count)
+    runs: list[Run] = []
+    venv = Path(sys.executable).parent
+    for r in range(rounds):
+        for name in ["ours-file", "cp"] if r % 2 == 0 else ["cp", "ours-file"]:
+            dest = work / f"dest-{name}"
+            shutil.rmtree(dest, ignore_errors=True)
+            argv = (
+                [str(venv / "dataset-initializer"), "--output", str(dest)]
+                if name == "ours-file"
+                else ["cp", "-r", str(source), str(dest)]
+            )
+            env = {**os.environ, "STORAGE_URI": f"file://{source}", "PROGRESS_INTERVAL": "30"}
+            got = measure.run(argv, env, work / f"{name}.log", timeout_s=3600)
+            runs.append(
+                Run(
+                    count, name, r, got.wall_s, got.cpu_s, got.peak_rss_mib, None, 0, got.returncode
+                )
+            )
+            _check(name, got.returncode, dest, count, work)
+        shutil.rmtree(work / "dest-ours-file", ignore_errors=True)
+        shutil.rmtree(work / "dest-cp", ignore_errors=True)
+    return runs
+
+
 def measure_resume(count: int, work: Path) -> list[Run]:
     """Ours killed (SIGKILL, every process) once it wrote half of the bytes, then rerun: what
     the rerun fetches again, and its memory."""
@@ -188,14 +231,16 @@ def _ratios(keyed: dict[tuple[int, str], list[Run]]) -> list[str]:
     """s5cmd's wall time over ours, round by round: the median and its range."""
     found = []
     for (count, name), group in sorted(keyed.items()):
-        if not name.startswith("s5cmd"):
+        if not name.startswith(("s5cmd", "cp")):
             continue
-        ours = {r.round: r.wall_s for r in keyed.get((count, name.replace("s5cmd", "ours")), [])}
+        mine = "ours-file" if name == "cp" else name.replace("s5cmd", "ours")
+        ours = {r.round: r.wall_s for r in keyed.get((count, mine), [])}
         ratios = sorted(r.wall_s / ours[r.round] for r in group if r.round in ours)
         if ratios:
-            late = name.removeprefix("s5cmd")
+            late = name.removeprefix("s5cmd").removeprefix("cp")
+            peer = "cp -r" if name == "cp" else "s5cmd"
             found.append(
-                f"\n{count:,} files{late}: ours {statistics.median(ratios):.2f}x s5cmd's speed "
+                f"\n{count:,} files{late}: ours {statistics.median(ratios):.2f}x {peer}'s speed "
                 f"(range {ratios[0]:.2f}-{ratios[-1]:.2f}, {len(ratios)} paired rounds)"
             )
     for (count, name), group in sorted(keyed.items()):
@@ -214,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--latency-counts", type=int, nargs="*", default=[100_000])
     parser.add_argument("--resume-count", type=int, default=None, help="default: the largest")
+    parser.add_argument("--local-count", type=int, default=None, help="default: the largest")
+    parser.add_argument("--local-rounds", type=int, default=1)
     args = parser.parse_args(argv)
     out = REPO / ".bench" / "results" / f"manyfiles-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True)
@@ -239,6 +286,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{resume:,} objects: killed at half, then resumed...", flush=True)
     runs += measure_resume(resume, work)
     shutil.rmtree(work / "dest-resume", ignore_errors=True)
+    local = args.local_count or max(args.counts)
+    work = out / f"n{local}-local"
+    work.mkdir()
+    print(f"{local:,} one-byte files from a local folder, ours and cp -r...", flush=True)
+    runs += measure_local(local, args.local_rounds, work)
     (out / "results.json").write_text(json.dumps([asdict(r) for r in runs], indent=1))
     reporting = Path("/sys/module/page_reporting/parameters/page_reporting_order")
     head = (

@@ -27,7 +27,7 @@ from initializers import checksum as checksums
 from initializers.destination import inside
 from initializers.errors import STOPPED, Interrupted, LocalStorageError
 from initializers.filejob import CHECKPOINT, RANGE_SIZE, FileJob
-from initializers.filetable import BATCH, COLUMNS, WIDTH, FileTable, row_to_file
+from initializers.filetable import BATCH, COLUMNS, FileTable, row_to_file
 from initializers.fsutil import boot_id, make_room_for
 from initializers.interrupts import interrupt_reads
 from initializers.journal import CommitLog
@@ -110,7 +110,9 @@ class Plan:
         self._head = read_manifest_head(where.record)
         self._earlier = _earlier_records(where, listed, self._head is not None)
         self._has_earlier = bool(self._db.execute(f"SELECT 1 FROM {self._earlier}").fetchone())
-        self._final = self._table("final", _RECORD)
+        # No index: a kept path is never fetched, and the committed ones are deduplicated
+        # before they join; the manifest sorts them once, when the tree changed.
+        self._final = self._table("final", _RECORD.replace(" PRIMARY KEY", ""))
         self._state = self._table("state", "done INTEGER")
         self._db.execute(f"INSERT INTO {self._state} VALUES (0)")
         self._db.commit()
@@ -137,38 +139,48 @@ class Plan:
             self._finish()
 
     def _decide(self, rows: list[int]) -> None:
-        """Keep each of the chosen ``rows`` whose file is in place; make a job for each other."""
-        kept: list[tuple[str, FileRecord]] = []
+        """Keep each of the chosen ``rows`` whose file is in place; make a job for each other.
+
+        A warm rerun of a million files passes every file through here: the earlier record is
+        matched to the listing in SQL, and only a file whose version and size still match is
+        looked at on disk; only the files to fetch become objects."""
+        kept: list[tuple[object, ...]] = []
+        refetch: list[int] = []
         listed_bytes = kept_bytes = resumed = 0
-        for remote, found in self._with_records(rows):
-            listed_bytes += remote.size
-            record = _in_place(self.where.dest, remote, found)
-            self._suspect_checked += found is not None and not found[2]
-            if record is not None:
-                kept.append((remote.path, record))
-                kept_bytes += record.size
+        for seq, path, size, matches, *earlier, suspect in self._db.execute(
+            f"SELECT f.seq, f.path, f.size, e.version IS f.version AND e.size = f.size, "
+            f"e.size, e.checksum, e.version, e.mtime_ns, e.suspect "
+            f"FROM {self.chooser.listed.name} f LEFT JOIN {self._earlier} e ON e.path = f.path "
+            "WHERE f.seq IN (SELECT value FROM json_each(?)) ORDER BY f.seq",
+            (json.dumps(rows),),
+        ).fetchall():
+            listed_bytes += size
+            self._suspect_checked += bool(suspect)
+            if matches and _in_place(self.where.dest, path, FileRecord(*earlier), not suspect):
+                kept.append((path, *earlier))
+                kept_bytes += size
             else:
-                resumed += self._to_fetch(remote)
-        self.keep(kept)
+                refetch.append(seq)
+        for remote in self._files(refetch):
+            resumed += self._to_fetch(remote)
+        self._db.executemany(f"INSERT INTO {self._final} VALUES (?, ?, ?, ?, ?)", kept)
         self.outcome.files_total += len(rows)
         self.outcome.bytes_total += listed_bytes
         self.outcome.bytes_resumed += resumed
         self.progress.grow(len(rows), listed_bytes, kept_bytes + resumed, len(kept))
 
-    def _with_records(self, rows: list[int]) -> Iterator[tuple[RemoteFile, Trusted | None]]:
-        """Each of ``rows``, with the earlier record of its path, if any."""
-        cursor = self._db.execute(
-            f"SELECT {_prefixed(COLUMNS)}, e.size, e.checksum, e.version, e.mtime_ns, e.suspect "
-            f"FROM {self.chooser.listed.name} f LEFT JOIN {self._earlier} e ON e.path = f.path "
-            "WHERE f.seq IN (SELECT value FROM json_each(?)) ORDER BY f.seq",
-            (json.dumps(rows),),
+    def _files(self, rows: list[int]) -> list[RemoteFile]:
+        """The listed files of ``rows``, in listing order."""
+        if not rows:
+            return []
+        listed = self.chooser.listed
+        return list(
+            listed.query(
+                f"SELECT {COLUMNS} FROM {listed.name} "
+                "WHERE seq IN (SELECT value FROM json_each(?)) ORDER BY seq",
+                (json.dumps(rows),),
+            )
         )
-        for row in cursor.fetchall():
-            file, found = row_to_file(row), row[WIDTH:]
-            if found[0] is None:
-                yield file, None
-            else:
-                yield file, (file.path, FileRecord(*found[:4]), not found[4])
 
     def _to_fetch(self, remote: RemoteFile) -> int:
         """A job for ``remote``, once the disk is known to hold it; the bytes an interrupted
@@ -362,12 +374,6 @@ class Plan:
 
     # -- the records ---------------------------------------------------------------------------
 
-    def keep(self, records: Iterable[tuple[str, FileRecord]]) -> None:
-        """Note files in place (kept or just committed), for the manifest."""
-        self._db.executemany(
-            f"INSERT OR REPLACE INTO {self._final} VALUES (?, ?, ?, ?, ?)", _rows(records)
-        )
-
     def kept(self) -> tuple[int, int]:
         """How many files, and bytes, are in place so far."""
         count, size = self._db.execute(
@@ -390,15 +396,10 @@ class Plan:
             f"INSERT OR REPLACE INTO {staged} VALUES (?, ?, ?, ?, ?)", _rows(commits.records())
         )
         self._db.execute(
-            f"INSERT OR REPLACE INTO {self._final} SELECT * FROM {staged} "
+            f"INSERT INTO {self._final} SELECT * FROM {staged} "
             f"WHERE path IN (SELECT path FROM {self.todo.name})"
         )
         self._db.commit()
-
-
-def _prefixed(columns: str) -> str:
-    """``a, b`` as ``f.a, f.b``."""
-    return ", ".join(f"f.{name.strip()}" for name in columns.split(","))
 
 
 def _job(remote: RemoteFile, dest: Path, room: Callable[[Path], None]) -> FileJob:
@@ -432,19 +433,26 @@ def _earlier_records(where: Destination, listed: FileTable, recorded: bool) -> s
     if recorded:
         sources.append(partial(_manifest_with_trust, where.record, booted))
     sources.append(partial(where.commits.records_with_trust, booted))
+    empty = True
     for records in sources:
-        db.execute(f"DELETE FROM {staged}")
+        # Into the table itself while it is empty (a warm rerun's manifest: a million rows
+        # copied once, not twice); a source that proves torn then leaves it empty again.
+        into = name if empty else staged
+        db.execute(f"DELETE FROM {into}")
         try:
             db.executemany(
-                f"INSERT OR REPLACE INTO {staged} VALUES (?, ?, ?, ?, ?, ?)",
+                f"INSERT OR REPLACE INTO {into} VALUES (?, ?, ?, ?, ?, ?)",
                 (
                     (p, r.size, r.checksum, r.version, r.mtime_ns, not trusted)
                     for p, r, trusted in records()
                 ),
             )
         except ValueError:  # torn or foreign: not trusted for any file
+            db.execute(f"DELETE FROM {into}")
             continue
-        db.execute(f"INSERT OR REPLACE INTO {name} SELECT * FROM {staged}")
+        if into == staged:
+            db.execute(f"INSERT OR REPLACE INTO {name} SELECT * FROM {staged}")
+        empty = empty and not db.execute(f"SELECT 1 FROM {name} LIMIT 1").fetchone()
     db.execute(f"DROP TABLE {staged}")
     return name
 
@@ -460,20 +468,13 @@ def _manifest_with_trust(path: Path, booted: str) -> Iterator[Trusted]:
     return ((p, r, trusted) for p, r in manifest_records(path))
 
 
-def _in_place(dest: Path, remote: RemoteFile, earlier: Trusted | None) -> FileRecord | None:
-    """The earlier record of ``remote`` when its file is still the one recorded: same version
-    and size as listed, same size and mtime on disk and, for a file a crash may have emptied
+def _in_place(dest: Path, path: str, record: FileRecord, trusted: bool) -> bool:
+    """Whether the file an earlier run recorded (its version and size still the listed ones)
+    is still on disk as recorded: same size and mtime and, for a file a crash may have emptied
     behind an intact name, the recorded digest over its bytes."""
-    if earlier is None:
-        return None
-    path, record, trusted = earlier
-    if not (
-        record.version == remote.version
-        and record.size == remote.size
-        and record_is_intact(dest, path, record)
-    ):
-        return None
-    return record if trusted or _bytes_match(dest, path, record) else None
+    if not record_is_intact(dest, path, record):
+        return False
+    return trusted or _bytes_match(dest, path, record)
 
 
 def _bytes_match(dest: Path, path: str, record: FileRecord) -> bool:

@@ -16,12 +16,12 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from initializers.errors import InitializerError, NotFoundError
 from initializers.filetable import BATCH, FileTable, as_table
 from initializers.patterns import is_selected, matches_any
-from initializers.sources.base import Listing, Order, RemoteFile
+from initializers.sources.base import Listing, Order
 
 log = logging.getLogger(__name__)
 
@@ -238,34 +238,3 @@ class Chooser:
 
 def _json_list(values: Iterable[str]) -> str:
     return json.dumps(list(values))
-
-
-@dataclass
-class Selection:
-    files: FileTable
-    filtered_out: list[str] = field(default_factory=list)  # the first SHOWN of them
-    filtered_count: int = 0
-    conflicts: list[str] = field(default_factory=list)
-    weights_note: str | None = None
-
-
-def select(
-    files: Iterable[RemoteFile],
-    allow: tuple[str, ...],
-    ignore: tuple[str, ...],
-    *,
-    fallback_weights: tuple[str, ...] = (),
-    patterns_are_default: bool = False,
-) -> Selection:
-    """The files of a complete listing the rules choose, in a table beside the listing's."""
-    listed = as_table(files)
-    chooser = Chooser(
-        Listing(None, listed), Rules(allow, ignore, fallback_weights, patterns_are_default)
-    )
-    return Selection(
-        chooser.chosen_table(),
-        chooser.filtered_out,
-        chooser.filtered_count,
-        chooser.conflicts,
-        chooser.weights_note,
-    )

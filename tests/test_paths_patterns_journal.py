@@ -12,11 +12,12 @@ import zlib
 import pytest
 
 from initializers.checksum import SpanDigest, digest_file, is_supported, new_digest
+from initializers.filetable import as_table
 from initializers.fsutil import UnsafePathError, safe_relpath
 from initializers.journal import RangeJournal, holes, merge
 from initializers.patterns import is_selected
-from initializers.selection import select
-from initializers.sources.base import RemoteFile
+from initializers.selection import Chooser, Rules
+from initializers.sources.base import Listing, Order, RemoteFile
 
 
 @pytest.mark.parametrize(
@@ -74,28 +75,41 @@ def remote(path: str, size: int = 1) -> RemoteFile:
     return RemoteFile(path, size, "v")
 
 
+EVERYTHING = Rules()
+
+
+def chooser(paths: list[str], rules: Rules = EVERYTHING, order: Order = Order.UNKNOWN) -> Chooser:
+    """A chooser over a complete listing of ``paths``."""
+    return Chooser(Listing(None, as_table([remote(p) for p in paths]), order=order), rules)
+
+
 def test_a_key_that_is_also_a_folder_is_skipped_as_a_conflict():
-    chosen = select([remote("a"), remote("a/b"), remote("c")], (), ())
-    assert [f.path for f in chosen.files] == ["a/b", "c"]
-    assert chosen.conflicts == ["a"]
+    choice = chooser(["a", "a/b", "c"])
+    assert [f.path for f in choice.chosen_table()] == ["a/b", "c"]
+    assert choice.conflicts == ["a"]
 
 
 def test_a_key_that_is_a_folder_at_any_depth_is_a_conflict_whatever_the_listing_order():
     paths = ["a/b/c/d", "a/b", "a/b/c/e", "a/x", "x", "a/b/c", "y/z"]
-    for order in (paths, paths[::-1], sorted(paths)):
-        chosen = select([remote(p) for p in order], (), ())
-        assert sorted(chosen.conflicts) == ["a/b", "a/b/c"]
-        assert sorted(f.path for f in chosen.files) == ["a/b/c/d", "a/b/c/e", "a/x", "x", "y/z"]
+    for listed, order in (
+        (paths, Order.UNKNOWN),
+        (paths[::-1], Order.UNKNOWN),
+        (sorted(paths), Order.KEYS),
+    ):
+        choice = chooser(listed, order=order)
+        chosen = sorted(f.path for f in choice.chosen_table())
+        assert sorted(choice.conflicts) == ["a/b", "a/b/c"]
+        assert chosen == ["a/b/c/d", "a/b/c/e", "a/x", "x", "y/z"]
 
 
 def test_model_weight_fallback_only_replaces_default_patterns():
-    files = [remote("config.json"), remote("pytorch_model.bin")]
+    paths = ["config.json", "pytorch_model.bin"]
     allow, ignore, fallback = ("*.json", "*.safetensors"), ("*.bin", "*.msgpack"), ("*.bin",)
-    default = select(files, allow, ignore, fallback_weights=fallback, patterns_are_default=True)
-    assert [f.path for f in default.files] == ["config.json", "pytorch_model.bin"]
-    assert "falling back" in default.weights_note
-    custom = select(files, allow, ignore, fallback_weights=fallback, patterns_are_default=False)
-    assert [f.path for f in custom.files] == ["config.json"]
+    default = chooser(paths, Rules(allow, ignore, fallback, patterns_are_default=True))
+    assert [f.path for f in default.chosen_table()] == ["config.json", "pytorch_model.bin"]
+    assert default.weights_note and "falling back" in default.weights_note
+    custom = chooser(paths, Rules(allow, ignore, fallback, patterns_are_default=False))
+    assert [f.path for f in custom.chosen_table()] == ["config.json"]
 
 
 def test_resume_intervals_merge_and_leave_only_the_holes():

@@ -49,6 +49,7 @@ _ADDITIONAL = (
     ("SHA1", "s3-sha1"),
 )
 _VALUE_KEYS = tuple((f"Checksum{field}", algorithm) for field, algorithm in _ADDITIONAL)
+_VALUE_KEY_NAMES = frozenset(key for key, _ in _VALUE_KEYS)
 
 
 class ControlPlane(Protocol):
@@ -301,9 +302,11 @@ def full_object_checksum(obj: Mapping[str, Any]) -> Checksum | None:
     says ``FULL_OBJECT``, or when the object is single-part (an ETag without ``-N``) and the value
     has no ``-N`` either. Anything ambiguous falls back to what can be verified for sure.
     """
+    if _VALUE_KEY_NAMES.isdisjoint(obj):
+        return None  # a listing's entries name algorithms, not values: the common case
     offered = [(algorithm, str(obj[key])) for key, algorithm in _VALUE_KEYS if obj.get(key)]
     if not offered:
-        return None  # a listing's entries name algorithms, not values: the common case
+        return None
     kind = str(obj.get("ChecksumType") or "").upper()
     if kind == "COMPOSITE":
         return None

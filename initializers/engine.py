@@ -142,7 +142,8 @@ class Engine:
             return outcome
         if planned.streamed:
             log.info(
-                "%s: fetching from the first page while the listing goes on", self.destination.label
+                "%s: more than a page to list: each page's files are fetched as it arrives",
+                self.destination.label,
             )
         try:
             outcome.files_fetched = self.scheduler.fetch_all(planned, planned.progress)

@@ -46,9 +46,10 @@ DEFAULT_SCENARIOS = (
     "latency-s3-dataset", "latency-hf-dataset",
     "warm-s3-model", "warm-hf-model", "resume-s3-model", "resume-hf-model",
     "second-trainjob-s3-model", "second-trainjob-hf-model", "shards-s3-dataset",
+    "cold-s3-files",
 )  # fmt: skip
-# "files": 100,000 small objects, in cold-s3-files only (ours and s5cmd), not in the defaults:
-# a round takes ~1 minute.
+# "files": 100,000 small objects, in cold-s3-files only (ours and s5cmd): a round takes ~1
+# minute. A million: `make bench-manyfiles` (benchmarks/manyfiles.py).
 ASSETS = ("model", "dataset", schedule.MANY_FILES)
 RESUME_AT = 0.5
 # The sharding scenario: how many shards, and each one's cap (one node's NIC, see the README).

@@ -253,6 +253,39 @@ def _ratios(keyed: dict[tuple[int, str], list[Run]]) -> list[str]:
     return found
 
 
+def chart(runs: list[Run], path: Path) -> None:
+    """Peak tree memory against the file count, ours and s5cmd (medians, cold runs and ours'
+    warm reruns, no latency): the line should be flat."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6.4, 3.6))
+    for name, style in (("ours", "o-"), ("ours-warm", "s--"), ("s5cmd", "^-")):
+        points = sorted(
+            (count, statistics.median(r.peak_rss_mib for r in group))
+            for count in {r.count for r in runs}
+            if (
+                group := [
+                    r for r in runs if r.count == count and r.contender == name and not r.latency_ms
+                ]
+            )
+        )
+        if points:
+            axes.plot(*zip(*points, strict=True), style, label=name)
+    axes.set_xscale("log")
+    axes.set_ylim(0, max(220, axes.get_ylim()[1]))
+    axes.axhline(200, color="grey", linewidth=0.8, linestyle=":", label="target: 200 MiB")
+    axes.set_xlabel("S3 objects (1-8 KiB each)")
+    axes.set_ylabel("peak tree memory, MiB (median)")
+    axes.set_title("Memory against the number of files")
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.manyfiles", description=__doc__)
     parser.add_argument("--counts", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
@@ -261,7 +294,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume-count", type=int, default=None, help="default: the largest")
     parser.add_argument("--local-count", type=int, default=None, help="default: the largest")
     parser.add_argument("--local-rounds", type=int, default=1)
+    parser.add_argument(
+        "--report", type=Path, help="render a saved results.json again (its chart beside it)"
+    )
     args = parser.parse_args(argv)
+    if args.report:
+        saved = [Run(**r) for r in json.loads(args.report.read_text())]
+        chart(saved, args.report.with_name("memory.png"))
+        print(report(saved))
+        return 0
     out = REPO / ".bench" / "results" / f"manyfiles-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True)
     runs: list[Run] = []
@@ -300,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     table = head + report(runs)
     (out / "report.md").write_text(table)
+    chart(runs, out / "memory.png")
     print(table)
     return 0
 

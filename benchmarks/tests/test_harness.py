@@ -361,8 +361,8 @@ def test_latency_scenarios_are_named_like_the_others_and_run_by_default() -> Non
         harness.parse_scenarios("slow-s3-model")
 
 
-def test_the_many_files_scenario_is_opt_in_cold_on_s3_with_ours_and_s5cmd() -> None:
-    assert not any(s.endswith("-files") for s in harness.DEFAULT_SCENARIOS)
+def test_the_many_files_scenario_runs_by_default_cold_on_s3_with_ours_and_s5cmd() -> None:
+    assert [s for s in harness.DEFAULT_SCENARIOS if s.endswith("-files")] == ["cold-s3-files"]
     assert harness.parse_scenarios("cold-s3-files") == ["cold-s3-files"]
     for other in ("latency-s3-files", "cold-hf-files", "warm-s3-files"):
         with pytest.raises(ValueError, match="files"):

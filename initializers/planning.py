@@ -109,7 +109,9 @@ class Plan:
         self._scratch, self._db = listed.scratch, listed.db
         self._head = read_manifest_head(where.record)
         self._earlier = _earlier_records(where, listed, self._head is not None)
-        self._has_earlier = bool(self._db.execute(f"SELECT 1 FROM {self._earlier}").fetchone())
+        self._has_earlier = bool(
+            self._db.execute(f"SELECT 1 FROM {self._earlier} LIMIT 1").fetchone()
+        )
         # No index: a kept path is never fetched, and the committed ones are deduplicated
         # before they join; the manifest sorts them once, when the tree changed.
         self._final = self._table("final", _RECORD.replace(" PRIMARY KEY", ""))
@@ -373,13 +375,6 @@ class Plan:
                 self.stop.wait(POLL_SECONDS)
 
     # -- the records ---------------------------------------------------------------------------
-
-    def kept(self) -> tuple[int, int]:
-        """How many files, and bytes, are in place so far."""
-        count, size = self._db.execute(
-            f"SELECT COUNT(*), COALESCE(SUM(size), 0) FROM {self._final}"
-        ).fetchone()
-        return int(count), int(size)
 
     def records(self) -> Iterator[tuple[str, FileRecord]]:
         """Every file in place, in path order (the manifest's)."""

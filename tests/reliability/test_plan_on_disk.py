@@ -35,6 +35,7 @@ class _SlowListing(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if urlsplit(self.path).path != "/bucket/":
+            self.server.objects_served += 1  # type: ignore[attr-defined]
             self._send(b"x", "application/octet-stream")
             return
         query = {k: v[0] for k, v in parse_qs(urlsplit(self.path).query).items()}
@@ -72,7 +73,7 @@ def test_sigterm_while_a_long_listing_arrives_exits_143_leaving_no_scratch_and_o
     launch, tmp_path
 ):
     server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowListing)
-    server.pages_served = 0  # type: ignore[attr-defined]
+    server.pages_served = server.objects_served = 0  # type: ignore[attr-defined]
     threading.Thread(target=server.serve_forever, daemon=True).start()
     scratch, out = tmp_path / "tmp", tmp_path / "out"
     scratch.mkdir()
@@ -89,7 +90,10 @@ def test_sigterm_while_a_long_listing_arrives_exits_143_leaving_no_scratch_and_o
             },
         )
         live.wait_for("listing s3://bucket/d")
-        while server.pages_served < 5:  # type: ignore[attr-defined]
+        deadline = time.monotonic() + 30
+        while (server.pages_served < 5 or not server.objects_served) and (  # type: ignore[attr-defined]
+            time.monotonic() < deadline
+        ):
             time.sleep(0.05)
         assert [p.name for p in scratch.iterdir()] != []  # the listing's table, filling
         live.proc.send_signal(signal.SIGTERM)

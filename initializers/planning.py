@@ -27,7 +27,7 @@ from initializers import checksum as checksums
 from initializers.destination import inside
 from initializers.errors import STOPPED, Interrupted, LocalStorageError
 from initializers.filejob import CHECKPOINT, RANGE_SIZE, FileJob
-from initializers.filetable import BATCH, COLUMNS, FileTable, row_to_file
+from initializers.filetable import BATCH, COLUMNS, WIDTH, FileTable, row_to_file
 from initializers.fsutil import boot_id, make_room_for
 from initializers.interrupts import interrupt_reads
 from initializers.journal import CommitLog
@@ -147,42 +147,32 @@ class Plan:
         matched to the listing in SQL, and only a file whose version and size still match is
         looked at on disk; only the files to fetch become objects."""
         kept: list[tuple[object, ...]] = []
-        refetch: list[int] = []
+        refetch: list[tuple[object, ...]] = []
         listed_bytes = kept_bytes = resumed = 0
-        for seq, path, size, matches, *earlier, suspect in self._db.execute(
-            f"SELECT f.seq, f.path, f.size, e.version IS f.version AND e.size = f.size, "
+        files = ", ".join(f"f.{column}" for column in COLUMNS.split(", "))
+        for row in self._db.execute(
+            f"SELECT {files}, e.version IS f.version AND e.size = f.size, "
             f"e.size, e.checksum, e.version, e.mtime_ns, e.suspect "
             f"FROM {self.chooser.listed.name} f LEFT JOIN {self._earlier} e ON e.path = f.path "
             "WHERE f.seq IN (SELECT value FROM json_each(?)) ORDER BY f.seq",
             (json.dumps(rows),),
         ).fetchall():
+            path, size = row[0], row[1]
+            matches, *earlier, suspect = row[WIDTH:]
             listed_bytes += size
             self._suspect_checked += bool(suspect)
             if matches and _in_place(self.where.dest, path, FileRecord(*earlier), not suspect):
                 kept.append((path, *earlier))
                 kept_bytes += size
             else:
-                refetch.append(seq)
-        for remote in self._files(refetch):
-            resumed += self._to_fetch(remote)
+                refetch.append(row)
+        for row in refetch:
+            resumed += self._to_fetch(row_to_file(row))
         self._db.executemany(f"INSERT INTO {self._final} VALUES (?, ?, ?, ?, ?)", kept)
         self.outcome.files_total += len(rows)
         self.outcome.bytes_total += listed_bytes
         self.outcome.bytes_resumed += resumed
         self.progress.grow(len(rows), listed_bytes, kept_bytes + resumed, len(kept))
-
-    def _files(self, rows: list[int]) -> list[RemoteFile]:
-        """The listed files of ``rows``, in listing order."""
-        if not rows:
-            return []
-        listed = self.chooser.listed
-        return list(
-            listed.query(
-                f"SELECT {COLUMNS} FROM {listed.name} "
-                "WHERE seq IN (SELECT value FROM json_each(?)) ORDER BY seq",
-                (json.dumps(rows),),
-            )
-        )
 
     def _to_fetch(self, remote: RemoteFile) -> int:
         """A job for ``remote``, once the disk is known to hold it; the bytes an interrupted

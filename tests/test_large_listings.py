@@ -92,11 +92,12 @@ print(json.dumps({"peak": peak, "jobs": jobs, "listed": len(listing)}))
 """
 
 
-def _plan_peak(tmp_path, count: int) -> dict[str, int]:
+def _traced(script: str, tmp_path, count: int) -> dict:
+    """What ``script`` prints (JSON) run in a fresh interpreter on ``count`` files."""
     folder = tmp_path / str(count)
     folder.mkdir()
     ran = subprocess.run(
-        [sys.executable, "-c", PLAN_AND_TRACE, str(folder), str(count)],
+        [sys.executable, "-c", script, str(folder), str(count)],
         capture_output=True,
         text=True,
         check=True,
@@ -109,7 +110,10 @@ def test_listing_selecting_and_planning_take_no_more_memory_for_more_files(tmp_p
     earlier run's records and the plan live in a scratch table, and the jobs come a window at
     a time. Python's own allocations (tracemalloc, not a clock: deterministic) at 20,000 and
     at 100,000 files; held in memory, the second took five times the first."""
-    small, large = _plan_peak(tmp_path, 20_000), _plan_peak(tmp_path, 100_000)
+    small, large = (
+        _traced(PLAN_AND_TRACE, tmp_path, 20_000),
+        _traced(PLAN_AND_TRACE, tmp_path, 100_000),
+    )
     assert (small["listed"], large["listed"]) == (20_000, 100_000)
     # Every other file has an earlier record, looked up and found gone from the disk.
     assert (small["jobs"], large["jobs"]) == (20_000, 100_000)
@@ -261,18 +265,10 @@ def test_a_shard_takes_its_share_and_merges_the_records_in_the_same_memory_for_m
     """Every pod of a sharded fetch deals the whole listing, and the last one merges every
     shard's record into the manifest: both stream, so SHARDS holds at a million files."""
 
-    def peak(count: int) -> dict:
-        folder = tmp_path / str(count)
-        folder.mkdir()
-        ran = subprocess.run(
-            [sys.executable, "-c", SHARD_AND_TRACE, str(folder), str(count)],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        return json.loads(ran.stdout)
-
-    small, large = peak(20_000), peak(100_000)
+    small, large = (
+        _traced(SHARD_AND_TRACE, tmp_path, 20_000),
+        _traced(SHARD_AND_TRACE, tmp_path, 100_000),
+    )
     assert small["mine"] in (6_666, 6_667) and large["mine"] in (33_333, 33_334)
     assert large["bytes"] == sum(1000 + i % 7 for i in range(100_000))
     assert (small["merged"], large["merged"]) == (20_000, 100_000)

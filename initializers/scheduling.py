@@ -207,10 +207,15 @@ class _Batch:
             ThreadPoolExecutor(self.workers, thread_name_prefix="fetch") as self.large,
             ThreadPoolExecutor(small_threads, thread_name_prefix="small") as self.small,
         ):
-            self._submit_threads()
-            if self.whole:
-                native.run_on_loop(self._fetch_whole, self.stop)
-            return self._wait()
+            try:
+                self._submit_threads()
+                if self.whole:
+                    native.run_on_loop(self._fetch_whole, self.stop)
+                return self._wait()
+            finally:
+                # The futures' callbacks point back here: without this, the window's jobs and
+                # futures would wait for the cycle collector, windows of them at a time.
+                self.futures = []
 
     def _submit_threads(self) -> None:
         for job in self.jobs:

@@ -129,26 +129,27 @@ class Scheduler:
 
     def run_windows(self, windows: Iterator[list[FileJob]], workers: int, progress: Any) -> int:
         """Run each window of jobs in turn in this process; how many files were committed.
-        A window's objects are dropped before the next one's are made."""
+        A window's objects are dropped before the next one's are made; the threads stay."""
         committed = 0
-        while (jobs := next(windows, None)) is not None:
-            with kept_until_the_end():
-                records = self.run_jobs(jobs, workers, progress)
-            del jobs
-            committed += len(records)
-            if self.commits.durable:
-                for folder in {path.rpartition("/")[0] for path in records}:  # not Paths: 14 ms
-                    fsync_dir(self.dest / folder)
+        with _Pools(workers, self.source.fetches_whole) as pools:
+            while (jobs := next(windows, None)) is not None:
+                with kept_until_the_end():
+                    records = self.run_jobs(jobs, pools, progress)
+                del jobs
+                committed += len(records)
+                if self.commits.durable:
+                    for folder in {path.rpartition("/")[0] for path in records}:  # not Paths
+                        fsync_dir(self.dest / folder)
         return committed
 
     def run_jobs(
-        self, jobs: list[FileJob], workers: int, progress: Progress
+        self, jobs: list[FileJob], pools: _Pools, progress: Progress
     ) -> dict[str, FileRecord]:
-        """Run ``jobs`` in this process (a forked child's whole life too, its ``progress`` sent
-        to the parent); their verified files, committed."""
+        """Run ``jobs`` on this process's ``pools`` (a forked child's ``progress`` is sent to
+        the parent); their verified files, committed."""
         group = GroupCommit(self.dest, self.commits)  # one per run of jobs (per process)
         fetcher = FileFetcher(self.source, self.retry, self.stop, progress, group)
-        batch = _Batch(self, fetcher, jobs, workers, progress)
+        batch = _Batch(self, fetcher, jobs, pools, progress)
         try:
             errors = batch.run()
         finally:
@@ -170,6 +171,27 @@ class Scheduler:
         return group.records
 
 
+class _Pools:
+    """A process's threads for the whole run, window after window (made afresh for each window,
+    a million small files started some 15,000 threads). Large ranges run on ``workers`` threads
+    of their own: each keeps its read-back buffers (RSS on the Hub model: 189 MiB when they ran
+    on the small files' threads too, not 132). Small files' requests wait in threads unless the
+    native loop has them: then the small threads only verify and commit, one a worker."""
+
+    def __init__(self, workers: int, loop_fetches: bool) -> None:
+        self.workers = workers
+        self.large = ThreadPoolExecutor(workers, thread_name_prefix="fetch")
+        small = workers if loop_fetches else workers * SMALL_IN_FLIGHT
+        self.small = ThreadPoolExecutor(small, thread_name_prefix="small")
+
+    def __enter__(self) -> _Pools:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.large.shutdown()
+        self.small.shutdown()
+
+
 class _Batch:
     """One process's run of jobs: two thread pools and, where the source can, the native loop."""
 
@@ -178,14 +200,15 @@ class _Batch:
         scheduler: Scheduler,
         fetcher: FileFetcher,
         jobs: list[FileJob],
-        workers: int,
+        pools: _Pools,
         progress: Progress,
     ) -> None:
         self.source = scheduler.source
         self.stop = scheduler.stop
         self.fetcher = fetcher
         self.jobs = jobs
-        self.workers = workers
+        self.workers = pools.workers
+        self.large, self.small = pools.large, pools.small
         self.progress = progress
         self.futures: list[Future[None]] = []
         # Small files fetched whole on the native loop, where the source can (wholefiles.py).
@@ -198,24 +221,20 @@ class _Batch:
         ]
 
     def run(self) -> list[BaseException]:
-        """Submit every request, wait for all of them; the failures met (none: all went well)."""
-        # Small files' requests wait in threads unless the loop has them: then a thread a worker.
-        # Large ranges run on ``workers`` threads of their own: each keeps its read-back buffers
-        # (RSS on the Hub model: 189 MiB when they ran on the small files' threads too, not 132).
-        small_threads = self.workers if self.whole else self.workers * SMALL_IN_FLIGHT
-        with (
-            ThreadPoolExecutor(self.workers, thread_name_prefix="fetch") as self.large,
-            ThreadPoolExecutor(small_threads, thread_name_prefix="small") as self.small,
-        ):
-            try:
-                self._submit_threads()
-                if self.whole:
-                    native.run_on_loop(self._fetch_whole, self.stop)
-                return self._wait()
-            finally:
-                # The futures' callbacks point back here: without this, the window's jobs and
-                # futures would wait for the cycle collector, windows of them at a time.
-                self.futures = []
+        """Submit every request, wait for all of them; the failures met (none: all went well).
+        Nothing of the window still runs when this returns: its jobs are closed next."""
+        try:
+            self._submit_threads()
+            if self.whole:
+                native.run_on_loop(self._fetch_whole, self.stop)
+            return self._wait()
+        finally:
+            for future in self.futures:
+                future.cancel()
+            wait(self.futures)
+            # The futures' callbacks point back here: kept, the window's jobs and futures
+            # would wait for the cycle collector, windows of them at a time.
+            self.futures = []
 
     def _submit_threads(self) -> None:
         for job in self.jobs:

@@ -1,14 +1,17 @@
-"""The plan on disk: a stop while a long listing arrives, and the previous release's manifests.
+"""The plan on disk: a stop while a long listing arrives, a killed run's leftovers, and the
+previous release's manifests.
 
 The listing, the selection and the plan live in a scratch table under TMPDIR, and fetching
 starts with the first page: a run stopped while the listing still arrives leaves no table and
-only complete, recorded files, and a destination the previous release completed (its manifest
-written by that code) is complete for this one too.
+only complete, recorded files; a killed run's table is removed by the next run, never one a
+running run holds; and a destination the previous release completed (its manifest written by
+that code) is complete for this one too.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -72,9 +75,7 @@ class _SlowListing(BaseHTTPRequestHandler):
 def test_sigterm_while_a_long_listing_arrives_exits_143_leaving_no_scratch_and_only_whole_files(
     launch, tmp_path
 ):
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowListing)
-    server.pages_served = server.objects_served = 0  # type: ignore[attr-defined]
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = _serve_slow_listing()
     scratch, out = tmp_path / "tmp", tmp_path / "out"
     scratch.mkdir()
     try:
@@ -109,6 +110,74 @@ def test_sigterm_while_a_long_listing_arrives_exits_143_leaving_no_scratch_and_o
     assert final, "nothing was fetched while the listing arrived"
     assert all((out / p).read_bytes() == b"x" for p in final)
     assert final <= {path for path, _ in CommitLog(out).records()}
+
+
+def _serve_slow_listing() -> ThreadingHTTPServer:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowListing)
+    server.pages_served = server.objects_served = 0  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def _wait_unlocked(folder, timeout: float = 10) -> None:
+    """Until no process holds ``folder``'s lock (a killed run's workers die a moment later)."""
+    deadline = time.monotonic() + timeout
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                assert time.monotonic() < deadline, f"{folder} still locked"
+                time.sleep(0.05)
+    finally:
+        os.close(fd)
+
+
+def test_a_killed_runs_scratch_folder_is_removed_by_the_next_run_and_a_running_ones_is_not(
+    launch, tmp_path
+):
+    """A container restarted after an OOM kill keeps its /tmp emptyDir: what the killed run
+    could not remove, the next one does, and never the folder of a run still going."""
+    server = _serve_slow_listing()
+    scratch, source = tmp_path / "tmp", tmp_path / "src"
+    scratch.mkdir()
+    source.mkdir()
+    (source / "a.txt").write_bytes(b"alpha")
+    listing_env = {
+        "STORAGE_URI": "s3://bucket/d",
+        "ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}",
+        "ANONYMOUS": "true",
+        "REGION": "us-east-1",
+        "TMPDIR": str(scratch),
+    }
+    try:
+        killed = launch("dataset", env={**listing_env, "OUTPUT_PATH": str(tmp_path / "killed")})
+        killed.wait_for("more than a page to list")
+        killed.kill()
+        (left,) = scratch.iterdir()
+        _wait_unlocked(left)
+        running = launch("dataset", env={**listing_env, "OUTPUT_PATH": str(tmp_path / "running")})
+        running.wait_for("more than a page to list")
+        (going,) = set(scratch.iterdir()) - {left}
+        an_hour_ago = time.time() - 3600
+        for folder in (left, going):  # both old enough to be judged by their lock alone
+            os.utime(folder, (an_hour_ago, an_hour_ago))
+
+        later = launch(
+            "dataset",
+            env={
+                "STORAGE_URI": f"file://{source}",
+                "OUTPUT_PATH": str(tmp_path / "later"),
+                "TMPDIR": str(scratch),
+            },
+        )
+        assert later.finish() == 0, later.stderr
+        assert list(scratch.iterdir()) == [going]
+        running.kill()
+    finally:
+        server.shutdown()
 
 
 def _manifest_as_the_previous_release_wrote_it(source: str, records: dict[str, dict]) -> bytes:

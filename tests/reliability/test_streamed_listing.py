@@ -68,9 +68,11 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(503, b"<Error><Code>SlowDown</Code></Error>", "application/xml")
             return
         keys, more = prefix.page(number)
-        self._send(200, _listing(prefix, keys, number, more), "application/xml")
+        body = _listing(prefix, keys, number, more)
+        # Added before the page goes out: the next page's request must find them there.
         for key in prefix.after_page.pop(number, []):
             prefix.keys = sorted([*prefix.keys, key])
+        self._send(200, body, "application/xml")
 
     def _send(self, status: int, body: bytes, kind: str) -> None:
         self.send_response(status)

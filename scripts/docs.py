@@ -78,7 +78,8 @@ same `--output` and the last one to finish writes the manifest.
 The manifest is one JSON document with one file's record per line, in path order (a reader may
 take it a line at a time: `initializers.manifest.manifest_records`). A run's listing and plan go
 to a scratch SQLite file in a folder `initializer-plan-*` under `TMPDIR` (else `/tmp`), a few
-hundred bytes a file, removed when the run ends; it is never in `--output`.
+hundred bytes a file, removed when the run ends (or, for a run that was killed, by the next run
+under the same `TMPDIR`: a folder whose lock no running process holds); it is never in `--output`.
 """
 
 

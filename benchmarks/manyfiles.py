@@ -292,7 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--latency-counts", type=int, nargs="*", default=[100_000])
     parser.add_argument("--resume-count", type=int, default=None, help="default: the largest")
-    parser.add_argument("--local-count", type=int, default=None, help="default: the largest")
+    parser.add_argument(
+        "--local-counts", type=int, nargs="*", default=None, help="default: the largest"
+    )
     parser.add_argument("--local-rounds", type=int, default=1)
     parser.add_argument(
         "--report", type=Path, help="render a saved results.json again (its chart beside it)"
@@ -327,11 +329,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{resume:,} objects: killed at half, then resumed...", flush=True)
     runs += measure_resume(resume, work)
     shutil.rmtree(work / "dest-resume", ignore_errors=True)
-    local = args.local_count or max(args.counts)
-    work = out / f"n{local}-local"
-    work.mkdir()
-    print(f"{local:,} one-byte files from a local folder, ours and cp -r...", flush=True)
-    runs += measure_local(local, args.local_rounds, work)
+    for local in args.local_counts or [max(args.counts)]:
+        work = out / f"n{local}-local"
+        work.mkdir()
+        print(f"{local:,} one-byte files from a local folder, ours and cp -r...", flush=True)
+        runs += measure_local(local, args.local_rounds, work)
     (out / "results.json").write_text(json.dumps([asdict(r) for r in runs], indent=1))
     reporting = Path("/sys/module/page_reporting/parameters/page_reporting_order")
     head = (

@@ -97,8 +97,13 @@ class TransientError(Exception):
     """A failure worth retrying (reset, timeout, 5xx, throttling, short body).
 
     Raised by sources; the engine retries it and, once the retry budget is spent, turns it into
-    :class:`UnavailableError`.
+    :class:`UnavailableError`. ``retry_after``: the seconds the server asked to wait before the
+    next attempt (an HTTP ``Retry-After``), when it did.
     """
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class Interrupted(InitializerError):

@@ -1,10 +1,13 @@
 """What an HTTP response means, once for every byte path (urllib3's and the native one): its
-status, and for a ranged GET whether its bytes are the range asked for."""
+status, how long a throttled answer asks to wait, and for a ranged GET whether its bytes are
+the range asked for."""
 
 from __future__ import annotations
 
+import email.utils
 import re
 from collections.abc import Mapping
+from datetime import UTC, datetime
 
 from initializers.errors import (
     AuthError,
@@ -23,12 +26,39 @@ def is_transient(status: int) -> bool:
     return status in (408, 429) or (status >= 500 and status not in _PERMANENT_5XX)
 
 
-def status_error(status: int, what: str) -> InitializerError | None:
+def retry_after(headers: Mapping[str, str] | None) -> float | None:
+    """The seconds a ``Retry-After`` header asks to wait (a number of seconds or an HTTP date),
+    None without one or with one that is neither."""
+    if not headers:
+        return None
+    value = (headers.get("Retry-After") or headers.get("retry-after") or "").strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+
+
+def transient(message: str, headers: Mapping[str, str] | None = None) -> TransientError:
+    """A retryable failure, carrying the wait its answer's ``Retry-After`` asked for."""
+    wait = retry_after(headers)
+    if wait is not None:
+        message = f"{message} (asked to retry after {wait:.0f}s)"
+    return TransientError(message, retry_after=wait)
+
+
+def status_error(
+    status: int, what: str, headers: Mapping[str, str] | None = None
+) -> InitializerError | TransientError | None:
     """The typed error HTTP ``status`` means for ``what``; None for 2xx."""
     if 200 <= status < 300:
         return None
     if is_transient(status):
-        return TransientError(f"{what}: HTTP {status}")
+        return transient(f"{what}: HTTP {status}", headers)
     if status in (401, 403):
         return AuthError(
             f"{what}: access denied (HTTP {status}); check the credentials and "
@@ -50,7 +80,7 @@ def status_error(status: int, what: str) -> InitializerError | None:
 
 def check_status(status: int, what: str, headers: Mapping[str, str] | None = None) -> None:
     """Raise the typed error an HTTP status means for ``what``; return on 2xx."""
-    failure = status_error(status, what)
+    failure = status_error(status, what, headers)
     if failure is not None:
         raise failure
 

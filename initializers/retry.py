@@ -133,7 +133,14 @@ class _Streak:
         return self.length >= self.policy.attempts or spent >= self.policy.max_seconds
 
     def wait(self, state: RetryCallState) -> float:
-        """Exponential backoff with up to 1 s of jitter, from the start of the streak."""
+        """Exponential backoff with up to 1 s of jitter, from the start of the streak; or the
+        wait the server asked for (``Retry-After``: a Hub rate limit, S3's SlowDown), within
+        what is left of the retry window."""
+        failure = state.outcome.exception() if state.outcome else None
+        asked = getattr(failure, "retry_after", None)
+        if asked is not None:
+            left = self.policy.max_seconds - (time.monotonic() - self.since)
+            return max(0.0, min(asked, left))
         backoff = self.policy.initial_wait * 2 ** (self.length - 1) + random.uniform(0, 1)
         return min(self.policy.max_wait, backoff)
 

@@ -162,7 +162,7 @@ class AzureSource(Source):
 
     def _list_page(self, query: Mapping[str, str]) -> ElementTree.Element:
         where, container = self.describe(), self.location.container
-        status, _, body = self._request("GET", f"/{container}", query, where)
+        status, headers, body = self._request("GET", f"/{container}", query, where)
         if status == 404:
             private = (
                 "" if self._signer or self._sas else f"; if it is private, {NO_CREDENTIALS_HINT}"
@@ -171,7 +171,7 @@ class AzureSource(Source):
                 f"{where}: container {container!r} does not exist "
                 f"in account {self.location.account!r}{private}"
             )
-        failure = status_error(status, self.describe())
+        failure = status_error(status, self.describe(), headers)
         if failure is not None:
             raise failure
         try:
@@ -184,7 +184,7 @@ class AzureSource(Source):
         status, headers, _ = self._request("HEAD", path, {}, name)
         if status == 404:
             return None
-        failure = status_error(status, name)
+        failure = status_error(status, name, headers)
         if failure is not None:
             raise failure
         properties = {

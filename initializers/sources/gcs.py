@@ -138,7 +138,7 @@ class GcsSource(Source):
 
     def _get_json(self, path: str, query: Mapping[str, str]) -> dict[str, Any]:
         url = self._api + path + (f"?{urlencode(query)}" if query else "")
-        status, _, body = self._transport.request("GET", url, self._auth(), self.describe())
+        status, headers, body = self._transport.request("GET", url, self._auth(), self.describe())
         if status == 404:
             raise NotFoundError(
                 f"{self.describe()}: bucket {self.location.bucket!r} or object not found — "
@@ -149,7 +149,7 @@ class GcsSource(Source):
                 f"{self.describe()}: access denied (HTTP {status}); check the credentials and "
                 "that they grant storage.objects.list and storage.objects.get on the bucket"
             )
-        failure = status_error(status, self.describe())
+        failure = status_error(status, self.describe(), headers)
         if failure is not None:
             raise failure
         try:

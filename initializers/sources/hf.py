@@ -43,7 +43,7 @@ from initializers.errors import (
     unloadable_ca_bundle,
 )
 from initializers.fsutil import UnsafePathError, safe_relpath
-from initializers.httpstatus import check_status, is_transient
+from initializers.httpstatus import check_status, is_transient, transient
 from initializers.native import WHOLE_BODY, NativeHttp, NativeRefused, Streamed, read_roots
 from initializers.options import SourceSettings
 from initializers.sources.base import Checksum, Listing, Order, RemoteFile, Skipped, Source
@@ -297,10 +297,10 @@ class HfSource(Source):
             revision=self._commit,
             endpoint=self.endpoint,
         )
-        status, _, _ = self._large.request("HEAD", url, self._headers, file.path)
+        status, headers, _ = self._large.request("HEAD", url, self._headers, file.path)
         if status in (401, 403) and self._gated:
             raise AuthError(self._gated_message())
-        check_status(status, f"{self.describe()}: {file.path}")
+        check_status(status, f"{self.describe()}: {file.path}", headers)
 
     def _repo_url(self) -> str:
         kind = "" if self.repo_type == "model" else f"{self.repo_type}s/"
@@ -361,7 +361,9 @@ class HfSource(Source):
                     "(ACCESS_TOKEN or HF_TOKEN)"
                 ) from None
             if is_transient(status):
-                raise TransientError(f"{where}: the Hub answered HTTP {status}") from None
+                raise transient(
+                    f"{where}: the Hub answered HTTP {status}", exc.response.headers
+                ) from None
             raise UsageError(f"{where}: the Hub refused the request (HTTP {status})") from None
         except httpx2.TransportError as exc:
             if isinstance(exc, httpx2.ConnectError) and _tls_failed(exc):

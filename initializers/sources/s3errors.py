@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from urllib.parse import SplitResult
 
-from initializers.errors import AuthError, NotFoundError, TransientError, UsageError
-from initializers.httpstatus import is_transient
+from initializers.errors import AuthError, NotFoundError, UsageError
+from initializers.httpstatus import is_transient, transient
 
 _AUTH_CODES = {
     "AccessDenied",
@@ -36,7 +36,7 @@ def s3_error(
     """The typed error an S3 error ``code`` (or, without one, the HTTP ``status``) means."""
     numeric = int(code) if code.isdigit() else status  # botocore names some errors by status
     if code in _TRANSIENT_CODES or is_transient(numeric) or is_transient(status):
-        return TransientError(f"{where}: S3 said {code or status}")
+        return transient(f"{where}: S3 said {code or status}", headers)
     if code in ("NoSuchBucket",):
         return NotFoundError(
             f"{where}: bucket {bucket!r} does not exist — check its name and the endpoint/region"

@@ -8,6 +8,7 @@ with every retry bounded. A source that never recovers must end with exit 7, not
 
 from __future__ import annotations
 
+import email.utils
 import re
 import time
 
@@ -226,6 +227,46 @@ def test_s3_slowdown_on_every_object_exits_7_with_the_throttling_named(
     assert result.code == 7, result.output
     assert "a.txt: HTTP 503" in result.stderr
     assert proxy.injected == {"slowdown": 2}
+
+
+def test_s3_slowdown_with_retry_after_waits_what_the_server_asked_then_completes(
+    bucket, s3_endpoint, proxies, run_initializer, tmp_path
+):
+    fill(bucket, "d", {"a.txt": b"a"})
+    proxy = proxies(s3_endpoint)
+    proxy.force(Fault.slowdown(retry_after="3"), match=is_object_get)
+    started = time.monotonic()
+    result = run_initializer("dataset", env=s3_env(bucket, proxy.url, "d", tmp_path / "out"))
+    assert result.code == 0, result.output
+    assert "retrying in 3.0s (attempt 1)" in result.stderr
+    assert "asked to retry after 3s" in result.stderr
+    assert time.monotonic() - started >= 3  # a wait cannot be shorter than it was
+    assert proxy.injected == {"slowdown": 1}
+
+
+def test_a_hub_rate_limit_with_an_http_date_waits_until_then(
+    hub: HubServer, proxies, run_initializer, tmp_path
+):
+    hub.add_repo("org/m", {"config.json": b"{}"})
+    proxy = proxies(hub.endpoint)
+    until = email.utils.formatdate(time.time() + 4, usegmt=True)
+    proxy.force(
+        Fault.error(429, retry_after=until),
+        match=lambda request: request.method == "GET" and "/resolve/" in request.path,
+    )
+    started = time.monotonic()
+    result = run_initializer(
+        "model",
+        env={
+            "STORAGE_URI": "hf://org/m",
+            "HF_ENDPOINT": proxy.url,
+            "OUTPUT_PATH": str(tmp_path / "m"),
+        },
+    )
+    assert result.code == 0, result.output
+    assert proxy.injected == {"error-429": 1}
+    assert re.search(r"retrying in [2-4]\.\d+s \(attempt 1\)", result.stderr), result.stderr
+    assert time.monotonic() - started >= 2
 
 
 @pytest.mark.parametrize("after_bytes", [None, 50_000], ids=["before-headers", "mid-body"])

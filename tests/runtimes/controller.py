@@ -32,6 +32,14 @@ controller at kubeflow/trainer 8c0f505 and JobSet and Kubernetes as they build t
   ``JOB_COMPLETION_INDEX`` from that annotation unless it sets the name itself;
 * the kubelet resolves ``fieldRef`` env (``metadata.name``, ``namespace``, ``uid``,
   ``labels['k']``, ``annotations['k']``; an absent key gives "") from the pod.
+
+What the Job controller does with a failed pod (:func:`pod_failure_action`) follows Kubernetes'
+``podFailurePolicy`` rules as documented for batch/v1 Jobs: the rules are read in order and the
+first that matches decides; ``onExitCodes`` matches a terminated container (the one named by
+``containerName``, else any) whose non-zero code is ``In`` (or ``NotIn``) the values;
+``onPodConditions`` matches a condition of that type and status on the pod. ``FailJob`` fails
+the Job at once, ``Ignore`` replaces the pod without counting it, ``Count`` (and no match)
+counts it against ``backoffLimit`` (default 6).
 """
 
 from __future__ import annotations
@@ -194,6 +202,31 @@ def initializer_job(runtime: Obj, step: str, train_job: Obj) -> Obj:
     merged = initializer_container(runtime, step, train_job)
     pod["containers"] = [merged if c["name"] == step else c for c in pod["containers"]]
     return spec
+
+
+def pod_failure_action(
+    job: Obj, exit_codes: dict[str, int], conditions: tuple[tuple[str, str], ...] = ()
+) -> str:
+    """What the Job controller does when a pod of ``job`` (a Job spec) fails with these
+    containers' ``exit_codes`` and pod ``conditions`` ((type, status) pairs): ``FailJob``,
+    ``Ignore`` or ``Count`` (module docstring)."""
+    for rule in (job.get("podFailurePolicy") or {}).get("rules", []):
+        if "onExitCodes" in rule:
+            codes = rule["onExitCodes"]
+            named = codes.get("containerName")
+            found = [
+                code for name, code in exit_codes.items() if code != 0 and named in (None, name)
+            ]
+            if codes["operator"] == "In":
+                matched = any(code in codes["values"] for code in found)
+            else:
+                matched = any(code not in codes["values"] for code in found)
+        else:
+            wanted = {(c["type"], c.get("status", "True")) for c in rule["onPodConditions"]}
+            matched = bool(wanted & set(conditions))
+        if matched:
+            return str(rule["action"])
+    return "Count"
 
 
 def initializer_pods(runtime: Obj, step: str, train_job: Obj, job_uid: str) -> list[Obj]:

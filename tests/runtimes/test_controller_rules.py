@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from initializers.errors import ExitCode
 from tests.runtimes import controller, manifests, render
 
 PLAIN = manifests.runtimes()
@@ -247,6 +248,28 @@ def test_initializer_runs_non_root_unprivileged_on_a_read_only_root(runtime, ste
     assert tmp == "/tmp"
     [volume] = [v for v in pod["volumes"] if v["name"] == "tmp"]
     assert "emptyDir" in volume
+
+
+@per_runtime
+@per_step
+def test_an_initializer_job_fails_after_one_pod_on_a_code_a_retry_would_repeat(runtime, step):
+    """A wrong secret or a missing bucket must not keep a user waiting through every retry;
+    a store down for minutes, a crash or a stop are retried by a new pod, and an evicted pod
+    does not count."""
+    job = controller.initializer_job(runtime, step, {"spec": {}})
+    assert job["template"]["spec"]["restartPolicy"] == "Never", "what podFailurePolicy needs"
+    permanent = {ExitCode.USAGE, ExitCode.AUTH, ExitCode.NOT_FOUND, ExitCode.INTEGRITY,
+                 ExitCode.LOCAL_STORAGE}  # fmt: skip
+    for code in ExitCode:
+        if code is ExitCode.OK:
+            continue
+        action = controller.pod_failure_action(job, {step: code})
+        assert action == ("FailJob" if code in permanent else "Count"), (code, action)
+    for code in (ExitCode.UNAVAILABLE, ExitCode.INTERRUPTED, 137):
+        evicted = controller.pod_failure_action(
+            job, {step: code}, conditions=(("DisruptionTarget", "True"),)
+        )
+        assert evicted == "Ignore", code
 
 
 @per_runtime

@@ -26,6 +26,7 @@ from urllib.parse import parse_qs, urlsplit
 import boto3
 import pytest
 
+from initializers.errors import ExitCode
 from initializers.shards import partition
 from initializers.sources.base import RemoteFile
 from tests.podman import podman, podman_env
@@ -203,6 +204,34 @@ def test_initializer_with_no_storage_uri_completes_on_a_read_only_root(
         assert result.returncode == 0, result.stderr
         assert "no storageUri given, nothing to fetch" in result.stdout
     assert not any((tmp_path / "pvc").iterdir())
+
+
+def test_a_wrong_token_fails_the_initializer_job_after_its_first_pod(
+    tmp_path: Path, local_images: dict[str, str], hub: HubServer
+):
+    """The real image, a Secret with a token the Hub refuses: exit 3 with the fix named, the
+    token in no output, and the runtime's podFailurePolicy fails the Job on that pod instead of
+    starting six more to meet the same refusal."""
+    runtime = next(
+        doc for doc in render.render_subset(manifests.RUNTIMES_DIR)
+        if doc["metadata"]["name"] == "torch-distributed"
+    )  # fmt: skip
+    hub.tokens = {"hf_good"}
+    hub.add_repo("org/private-model", {"config.json": b"{}"}, private=True)
+    step = "model-initializer"
+    train_job = {"spec": {"initializer": {"model": {
+        "storageUri": "hf://org/private-model",
+        "env": [{"name": "HF_ENDPOINT", "value": hub.endpoint}],
+        "secretRef": {"name": "hf"},
+    }}}}  # fmt: skip
+    fs_group_volume(tmp_path / "pvc", 1000)
+    wrong = "hf_revoked0123456789"
+    result = run_pod(runtime, step, train_job, {"hf": {"HF_TOKEN": wrong}}, tmp_path, local_images)
+    assert result.returncode == ExitCode.AUTH, result.stdout + result.stderr
+    assert "token" in result.stderr.lower() and "Traceback" not in result.stderr
+    assert wrong not in result.stdout + result.stderr
+    job = controller.initializer_job(runtime, step, train_job)
+    assert controller.pod_failure_action(job, {step: result.returncode}) == "FailJob"
 
 
 def _served(hub: HubServer, name: str) -> list[RequestRecord]:

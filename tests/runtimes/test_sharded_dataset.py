@@ -106,11 +106,9 @@ def _strip_sharding(runtime: dict, base: dict) -> dict:
     ``base`` (the runtime it was rendered from)."""
     stripped = copy.deepcopy(runtime)
     job = _job(stripped)
-    for field in ("parallelism", "completionMode", "backoffLimitPerIndex", "maxFailedIndexes",
-                  "podFailurePolicy"):  # fmt: skip
+    for field in ("parallelism", "completionMode", "backoffLimitPerIndex", "maxFailedIndexes"):
         job.pop(field)
-    for field in ("restartPolicy", "affinity"):
-        job["template"]["spec"].pop(field)
+    job["template"]["spec"].pop("affinity")
     container = _container(stripped)
     container["env"] = [var for var in container["env"] if var["name"] not in SHARD_ENV]
     stripped["spec"]["template"]["spec"]["volumeClaimPolicies"] = copy.deepcopy(

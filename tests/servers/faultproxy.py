@@ -6,6 +6,7 @@ own; the answer is streamed back unchanged, except when the proxy decides to bre
 
 * ``Fault.error(500|503)`` — an S3-style XML error instead of the answer (``InternalError`` /
   ``ServiceUnavailable``); ``Fault.slowdown()`` is S3 throttling, 503 ``<Code>SlowDown</Code>``;
+  either with ``retry_after=`` sends that ``Retry-After`` header (seconds or an HTTP date);
 * ``Fault.reset(after_bytes)`` — the real headers, ``after_bytes`` of the body, then a TCP RST;
 * ``Fault.short(after_bytes)`` — the real headers (full ``Content-Length``), part of the body, then
   a clean close: a body shorter than announced;
@@ -60,7 +61,12 @@ _HOP_BY_HOP = {
     "trailer",
     "upgrade",
 }
-_ERROR_CODES = {500: "InternalError", 502: "BadGateway", 503: "ServiceUnavailable"}
+_ERROR_CODES = {
+    429: "TooManyRequests",
+    500: "InternalError",
+    502: "BadGateway",
+    503: "ServiceUnavailable",
+}
 
 FaultKind = Literal["error", "slowdown", "reset", "short", "stall", "outage"]
 
@@ -73,14 +79,15 @@ class Fault:
     status: int = 503
     after_bytes: int | None = None
     seconds: float = 0.0
+    retry_after: str | None = None
 
     @classmethod
-    def error(cls, status: int = 503) -> Fault:
-        return cls("error", status=status)
+    def error(cls, status: int = 503, retry_after: str | None = None) -> Fault:
+        return cls("error", status=status, retry_after=retry_after)
 
     @classmethod
-    def slowdown(cls) -> Fault:
-        return cls("slowdown", status=503)
+    def slowdown(cls, retry_after: str | None = None) -> Fault:
+        return cls("slowdown", status=503, retry_after=retry_after)
 
     @classmethod
     def reset(cls, after_bytes: int = 0) -> Fault:
@@ -381,9 +388,11 @@ class FaultProxy:
     def _break_before_forwarding(self, client: socket.socket, fault: Fault) -> bool:
         """Apply the faults that need no upstream answer; True when the connection is gone."""
         if fault.kind == "error":
-            _send(client, _error_response(fault.status, _ERROR_CODES.get(fault.status, "Error")))
+            code = _ERROR_CODES.get(fault.status, "Error")
+            _send(client, _error_response(fault.status, code, retry_after=fault.retry_after))
         elif fault.kind == "slowdown":
-            _send(client, _error_response(503, "SlowDown", "Please reduce your request rate."))
+            message = "Please reduce your request rate."
+            _send(client, _error_response(503, "SlowDown", message, fault.retry_after))
         elif fault.kind == "outage":
             self.go_away(fault.seconds)
             return True
@@ -555,7 +564,9 @@ def _body_length(request: Request, response: http.client.HTTPResponse, body: byt
     return int(response.getheader("content-length") or 0)
 
 
-def _error_response(status: int, code: str, message: str = "Injected fault") -> bytes:
+def _error_response(
+    status: int, code: str, message: str = "Injected fault", retry_after: str | None = None
+) -> bytes:
     body = (
         '<?xml version="1.0" encoding="UTF-8"?>\n'
         f"<Error><Code>{code}</Code><Message>{message}</Message>"
@@ -564,7 +575,9 @@ def _error_response(status: int, code: str, message: str = "Injected fault") -> 
     reason = http.client.responses.get(status, "Error")
     head = (
         f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/xml\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: keep-alive\r\n\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: keep-alive\r\n"
+        + (f"Retry-After: {retry_after}\r\n" if retry_after is not None else "")
+        + "\r\n"
     )
     return head.encode() + body
 

@@ -180,7 +180,8 @@ COMMON = OptionGroup(
             "--retries",
             ("RETRIES",),
             "attempts in a row per request on transient errors, within 5 minutes; an attempt "
-            "that got 1 MiB further starts the count again",
+            "that got 1 MiB further starts the count again; a Retry-After the server sends is "
+            "waited instead of the backoff",
             positive_int,
             default=8,
         ),

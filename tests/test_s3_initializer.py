@@ -586,3 +586,50 @@ def test_a_terminal_gets_a_live_status_line_redrawn_in_place(bucket, tmp_path):
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0, screen.decode(errors="replace")
     assert b"\rmodel: 1/1 files, 16.00 MiB/16.00 MiB (100%)" in screen
+
+
+@pytest.mark.parametrize("plane", ["signed-rest", "botocore"])
+def test_requester_pays_is_said_and_signed_on_every_request(
+    plane, bucket, run_initializer, tmp_path
+):
+    """``--request-payer requester`` reaches every request a run makes (the listing, a HEAD,
+    ranged GETs of a large object, whole GETs of small ones), signed, on both control planes:
+    static keys use the signed REST calls, a credentials file botocore's."""
+    files = {"d/small.txt": b"small", "d/large.bin": os.urandom(50 << 20)}
+    for key, body in files.items():
+        bucket.put(key, body)
+    out = tmp_path / "out"
+    proxy = FaultProxy(bucket.endpoint).start()
+    try:
+        env = bucket.env("d", OUTPUT_PATH=str(out), ENDPOINT=proxy.url, REQUEST_PAYER="requester")
+        if plane == "botocore":  # keys from the AWS credentials file, not the env
+            del env["ACCESS_KEY_ID"], env["SECRET_ACCESS_KEY"]
+            (tmp_path / "home" / "no-aws-credentials").write_text(
+                f"[default]\naws_access_key_id = {ACCESS_KEY}\n"
+                f"aws_secret_access_key = {SECRET_KEY}\n"
+            )
+        result = run_initializer("dataset", env=env)
+    finally:
+        proxy.stop()
+    assert result.code == 0, result.output
+    assert tree(out) == {key.removeprefix("d/"): body for key, body in files.items()}
+    kinds = {
+        "listing": [r for r in proxy.received if "list-type=2" in r.query],
+        "ranged": [r for r in proxy.received if r.range],
+        "whole": [r for r in proxy.received if r.path.endswith("small.txt") and not r.range],
+    }
+    assert all(kinds.values()), [(r.method, r.path, r.range) for r in proxy.received]
+    for request in proxy.received:
+        assert request.headers.get("x-amz-request-payer") == "requester", request
+        signed = request.headers["authorization"].partition("SignedHeaders=")[2]
+        assert "x-amz-request-payer" in signed.split(",")[0].split(";"), request
+
+
+def test_a_request_payer_other_than_requester_is_refused_with_the_value_named(
+    bucket, run_initializer, tmp_path
+):
+    env = bucket.env("d", OUTPUT_PATH=str(tmp_path / "out"), REQUEST_PAYER="bucket-owner")
+    result = run_initializer("dataset", env=env)
+    assert result.code == 2, result.output
+    assert "REQUEST_PAYER" in result.stderr and "'requester'" in result.stderr
+    assert "Traceback" not in result.stderr

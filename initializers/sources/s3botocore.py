@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import botocore.exceptions as bexc
@@ -27,6 +28,7 @@ from initializers.errors import AuthError, NotFoundError, TransientError, UsageE
 from initializers.options import SourceSettings
 from initializers.retry import RetryPolicy
 from initializers.sources.s3errors import s3_error
+from initializers.sources.s3options import REQUEST_PAYER_HEADER
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +93,7 @@ class BotocorePlane:
 
     def _make_client(self, region: str) -> Any:
         try:
-            return self._session.create_client(
+            client = self._session.create_client(
                 "s3",
                 endpoint_url=self.settings.endpoint,
                 config=self._config(region),
@@ -99,6 +101,13 @@ class BotocorePlane:
             )
         except ValueError as exc:  # malformed endpoint URL
             raise UsageError(f"invalid S3 endpoint {self.settings.endpoint!r}: {exc}") from None
+        if self.settings.request_payer:
+            # On every request, HeadBucket's too (its API takes no RequestPayer), signed.
+            payer = self.settings.request_payer
+            client.meta.events.register(
+                "before-sign.s3", partial(_add_header, REQUEST_PAYER_HEADER, payer)
+            )
+        return client
 
     def _discover_region(self) -> str:
         """The signing region: 'auto' asks AWS where the bucket lives; custom endpoints get
@@ -219,3 +228,7 @@ def _skip_timestamp_parsing(session: botocore.session.Session) -> None:
     factory = ResponseParserFactory()
     factory.set_parser_defaults(timestamp_parser=str)
     session.register_component("response_parser_factory", factory)
+
+
+def _add_header(name: str, value: str, request: Any, **_: Any) -> None:
+    request.headers[name] = value

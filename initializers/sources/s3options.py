@@ -1,4 +1,4 @@
-"""The options only the s3:// source receives: its endpoint, region, keys and role."""
+"""The options only the s3:// source receives: its endpoint, region, keys, role and who pays."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ from pathlib import Path
 from typing import Any
 
 from initializers.errors import UsageError
-from initializers.options import Option, OptionGroup, read_secret_file
+from initializers.options import Option, OptionGroup, one_of, read_secret_file
+
+REQUEST_PAYER_HEADER = "x-amz-request-payer"
 
 
 def _finish(values: dict[str, Any]) -> None:
@@ -68,6 +70,13 @@ OPTIONS = OptionGroup(
             ("SECRET_ACCESS_KEY_FILE",),
             "file holding the S3 secret key",
             Path,
+        ),
+        Option(
+            "request_payer",
+            "--request-payer",
+            ("REQUEST_PAYER",),
+            "'requester' to read a Requester Pays bucket: every request says this account pays",
+            one_of("requester"),
         ),
         Option(
             "session_token",

@@ -22,6 +22,7 @@ from initializers.errors import NotFoundError, TransientError, UsageError
 from initializers.options import SourceSettings
 from initializers.retry import RetryPolicy
 from initializers.sources.s3errors import host_header, s3_error
+from initializers.sources.s3options import REQUEST_PAYER_HEADER
 from initializers.sources.s3sign import S3HeaderSigner
 from initializers.transport import HttpTransport
 
@@ -86,6 +87,7 @@ class RestPlane:
         self._host = host_header(split)
         self._path = split.path
         self._signer = S3HeaderSigner(self.credentials, self.region) if self.credentials else None
+        self._payer = settings.request_payer
 
     def list_objects(self, folder: str) -> Iterator[dict[str, Any]]:
         """Every object under ``folder``, page after page, in botocore's ListObjectsV2 keys."""
@@ -161,6 +163,8 @@ class RestPlane:
     ) -> tuple[int, Any, bytes]:
         target = f"{path}?{query}" if query else path
         headers = dict(headers or {})
+        if self._payer:
+            headers[REQUEST_PAYER_HEADER] = self._payer
         if self._signer is not None:
             headers = self._signer.sign(self._host, target, headers, method=method)
         return self._transport.request(method, self._origin + target, headers, self.where)

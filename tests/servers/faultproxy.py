@@ -26,7 +26,8 @@ throttles each connection (bytes per second) to stretch a fetch out in time.
 
 ``hold(match)`` parks matching requests before they are forwarded until ``release()``, which
 lets a test act (fill a disk, start a second client, plant a symlink) at a known point of a fetch.
-``injected`` counts faults by kind; ``requests``, ``seen`` (per method and path), ``body_bytes``
+``injected`` counts faults by kind; ``requests``, ``seen`` (per method and path), ``received``
+(each request with its headers), ``body_bytes``
 and ``log`` (the faults, in order) say what went through.
 
     with FaultProxy(s3_endpoint, seed=7, share=0.3, faults=every_fault(stall_seconds=30)) as proxy:
@@ -179,6 +180,7 @@ class FaultProxy:
         self.requests = 0
         self.connections = 0  # client connections accepted
         self.seen: Counter[str] = Counter()  # "METHOD /path" -> requests received
+        self.received: list[Request] = []  # every request, with its headers
         self.body_bytes = 0
         self.log: list[tuple[str, str, str, str | None]] = []  # (fault, method, path, range)
         self._lock = threading.Lock()
@@ -481,6 +483,7 @@ class FaultProxy:
         with self._lock:
             self.requests += 1
             self.seen[f"{request.method} {request.path}"] += 1
+            self.received.append(request)
             fault = self._take_forced(request)
             if fault is None and self.share > 0 and self.match(request):
                 fault = self._draw(request)

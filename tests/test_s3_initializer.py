@@ -9,8 +9,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import zlib
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -544,6 +546,65 @@ def test_a_web_identity_token_as_irsa_mounts_it_is_exchanged_through_sts(
     result = run_initializer("dataset", env=env)
     assert result.code == 0, result.output
     assert tree(tmp_path / "o") == {"a.txt": b"via irsa"}
+
+
+class _PodIdentityAgent(BaseHTTPRequestHandler):
+    """The EKS Pod Identity agent's credential endpoint, on 127.0.0.1: credentials for the
+    pod's service-account token, which it must receive as the Authorization header."""
+
+    def do_GET(self) -> None:
+        self.server.tokens.append(self.headers.get("Authorization"))  # type: ignore[attr-defined]
+        expires = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 3600))
+        body = json.dumps({
+            "AccessKeyId": "ASIAPODIDENTITY0001",
+            "SecretAccessKey": "pod-identity-secret",
+            "Token": "pod-identity-session",
+            "Expiration": expires,
+        }).encode()  # fmt: skip
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_eks_pod_identity_credentials_are_fetched_from_the_agent_with_the_pod_token(
+    bucket, run_initializer, tmp_path
+):
+    """What EKS Pod Identity mounts into a pod: the agent's URI and a token file. The run asks
+    the agent (a stand-in on 127.0.0.1) with the token and signs with what it answered."""
+    fill(bucket, {"d/a.txt": b"via pod identity"})
+    token = tmp_path / "eks-pod-identity-token"
+    token.write_text("eyJhbGciOiJSUzI1NiJ9.pod-identity.c2ln")
+    agent = ThreadingHTTPServer(("127.0.0.1", 0), _PodIdentityAgent)
+    agent.tokens = []  # type: ignore[attr-defined]
+    threading.Thread(target=agent.serve_forever, daemon=True).start()
+    proxy = FaultProxy(bucket.endpoint).start()  # to read each request's signature
+    try:
+        env = {
+            "STORAGE_URI": bucket.uri("d"),
+            "ENDPOINT": proxy.url,
+            "AWS_REGION": "us-east-1",
+            "AWS_CONTAINER_CREDENTIALS_FULL_URI": (
+                f"http://127.0.0.1:{agent.server_address[1]}/v1/credentials"
+            ),
+            "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE": str(token),
+            "OUTPUT_PATH": str(tmp_path / "o"),
+        }
+        result = run_initializer("dataset", env=env)
+    finally:
+        proxy.stop()
+        agent.shutdown()
+    assert result.code == 0, result.output
+    assert tree(tmp_path / "o") == {"a.txt": b"via pod identity"}
+    assert agent.tokens and set(agent.tokens) == {token.read_text()}  # type: ignore[attr-defined]
+    for request in proxy.received:
+        assert "Credential=ASIAPODIDENTITY0001/" in request.headers["authorization"]
+        assert request.headers["x-amz-security-token"] == "pod-identity-session"
+    assert "pod-identity-secret" not in result.output
 
 
 def test_json_logs_are_one_object_per_line_with_progress_fields(bucket, run_initializer, tmp_path):

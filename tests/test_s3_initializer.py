@@ -694,3 +694,59 @@ def test_a_request_payer_other_than_requester_is_refused_with_the_value_named(
     assert result.code == 2, result.output
     assert "REQUEST_PAYER" in result.stderr and "'requester'" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("plane", ["signed-rest", "botocore"])
+def test_a_version_id_fetches_that_version_of_the_object_pinned_in_the_manifest(
+    plane, bucket, run_initializer, tmp_path
+):
+    """``s3://bucket/key?versionId=ID`` in a versioned bucket: that version, not the latest,
+    on both control planes (a large version too: its ranges ask for it), and the rerun against
+    the same URI fetches nothing."""
+    s3 = bucket.client
+    s3.put_bucket_versioning(Bucket=bucket.name, VersioningConfiguration={"Status": "Enabled"})
+    old_weights, old_config = os.urandom(50 << 20), b'{"v": 1}'
+    pinned = {
+        "config.json": s3.put_object(Bucket=bucket.name, Key="m/config.json", Body=old_config),
+        "w.bin": s3.put_object(Bucket=bucket.name, Key="m/w.bin", Body=old_weights),
+    }
+    bucket.put("m/config.json", b'{"v": 2}')
+    bucket.put("m/w.bin", b"newer")
+    for name, old in (("config.json", old_config), ("w.bin", old_weights)):
+        out = tmp_path / name
+        uri = f"{bucket.uri('m/' + name)}?versionId={pinned[name]['VersionId']}"
+        env = bucket.env("m", STORAGE_URI=uri, OUTPUT_PATH=str(out))
+        if plane == "botocore":
+            del env["ACCESS_KEY_ID"], env["SECRET_ACCESS_KEY"]
+            (tmp_path / "home" / "no-aws-credentials").write_text(
+                f"[default]\naws_access_key_id = {ACCESS_KEY}\n"
+                f"aws_secret_access_key = {SECRET_KEY}\n"
+            )
+        first = run_initializer("dataset", env=env)
+        assert first.code == 0, first.output
+        assert tree(out) == {name: old}
+        assert manifest(out)["source"] == uri
+        again = run_initializer("dataset", env=env)
+        assert again.code == 0 and "already complete" in again.stderr, again.output
+
+
+def test_a_version_id_on_a_prefix_or_an_unknown_version_is_refused_in_one_line(
+    bucket, run_initializer, tmp_path
+):
+    bucket.client.put_bucket_versioning(
+        Bucket=bucket.name, VersioningConfiguration={"Status": "Enabled"}
+    )
+    bucket.put("m/config.json", b"{}")
+    on_prefix = run_initializer(
+        "dataset", env=bucket.env("m", STORAGE_URI=f"{bucket.uri('m/')}?versionId=abc",
+                                  OUTPUT_PATH=str(tmp_path / "a"))
+    )  # fmt: skip
+    assert on_prefix.code == 2, on_prefix.output
+    assert "versionId names a version of one object" in on_prefix.stderr
+    unknown = run_initializer(
+        "dataset", env=bucket.env("m", STORAGE_URI=f"{bucket.uri('m/config.json')}?versionId=nope",
+                                  OUTPUT_PATH=str(tmp_path / "b"))
+    )  # fmt: skip
+    assert unknown.code in (2, 4), unknown.output
+    assert "Traceback" not in on_prefix.stderr + unknown.stderr
+    assert len(unknown.stderr.strip().splitlines()[-1]) < 300

@@ -18,10 +18,11 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Protocol, Self
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from initializers import checksum as checksums
 from initializers.errors import NotFoundError, UsageError
+from initializers.fsutil import UnsafePathError, safe_relpath
 from initializers.native import NativeHttp, Streamed, read_roots
 from initializers.options import SourceSettings
 from initializers.sources import s3rest
@@ -36,6 +37,7 @@ from initializers.transport import HttpTransport
 log = logging.getLogger(__name__)
 
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-_]{1,253}[a-z0-9]$")
+_VERSION_ID = re.compile(r"\?versionId=([^&?]+)$")
 _MD5_ETAG = re.compile(r"^[0-9a-f]{32}$")
 # "-N" ends what was computed over an upload's N parts: a multipart ETag ("<md5 of the parts'
 # md5s>-N") and a composite checksum ("<base64 of the parts' checksums>-N").
@@ -70,14 +72,24 @@ class ControlPlane(Protocol):
 class S3Location:
     bucket: str
     prefix: str  # "" for the whole bucket; ends with "/" when the URI named a folder
+    version_id: str | None = None  # ?versionId=: that version of the one object named
 
     @classmethod
     def parse(cls, location: str) -> S3Location:
         rule = "3-255 lowercase letters, digits, '.', '-'"
+        pinned = _VERSION_ID.search(location)
+        version_id = unquote(pinned[1]) if pinned else None
+        if pinned:
+            location = location[: pinned.start()]
         bucket, prefix = split_location("s3", location, _BUCKET, rule)
         if prefix.startswith("/"):
             raise UsageError(f"s3://{location}: the key starts with '/'; remove the extra slash")
-        return cls(bucket, prefix)
+        if version_id is not None and (not prefix or prefix.endswith("/")):
+            raise UsageError(
+                f"s3://{location}: versionId names a version of one object, and this is a "
+                "prefix; name the object's key, or drop ?versionId= to fetch the prefix"
+            )
+        return cls(bucket, prefix, version_id)
 
 
 class S3Source(Source):
@@ -106,7 +118,8 @@ class S3Source(Source):
         return cls(S3Location.parse(location), settings)
 
     def describe(self) -> str:
-        return f"s3://{self.location.bucket}/{self.location.prefix}"
+        pinned = f"?versionId={self.location.version_id}" if self.location.version_id else ""
+        return f"s3://{self.location.bucket}/{self.location.prefix}{pinned}"
 
     def _control_plane(self) -> ControlPlane:
         where, bucket = self.describe(), self.location.bucket
@@ -115,14 +128,26 @@ class S3Source(Source):
         if endpoint and (parts.scheme not in ("http", "https") or not parts.hostname):
             raise UsageError(f"invalid S3 endpoint {endpoint!r}: expected http(s)://host[:port]")
         if s3rest.serves(self.settings):
-            return s3rest.RestPlane(bucket, where, self.settings, self.retry, self._transport)
+            return s3rest.RestPlane(
+                bucket, where, self.settings, self.retry, self._transport, self.location.version_id
+            )
         from initializers.sources.s3botocore import BotocorePlane  # ~0.4 s: only when needed
 
-        return BotocorePlane(bucket, where, self.settings, self.retry)
+        return BotocorePlane(bucket, where, self.settings, self.retry, self.location.version_id)
 
     # -- listing --------------------------------------------------------------------------------
 
     def list(self) -> Listing:
+        if self.location.version_id is not None:  # one object's version: never a listing
+            key = self.location.prefix
+            found = self._head_object(key)
+            if found is None:
+                raise NotFoundError(f"{self.describe()}: no such object or version")
+            try:  # the object's own name must be as safe as any listed key
+                name = safe_relpath(key.rsplit("/", 1)[-1])
+            except UnsafePathError as exc:
+                return Listing(None, [], [(key, str(exc))])
+            return Listing(None, [self._remote(name, key, found)])
         return list_prefix(
             self.location.prefix,
             where=self.describe(),
@@ -184,7 +209,10 @@ class S3Source(Source):
         )
 
     def _object_path(self, file: RemoteFile) -> str:
-        return self._bucket_path + quote(file.locator, safe="/~")
+        path = self._bucket_path + quote(file.locator, safe="/~")
+        if self.location.version_id is not None:
+            path += f"?versionId={quote(self.location.version_id, safe='')}"
+        return path
 
     def _headers(self, path: str, whole: bool, version: str | None) -> dict[str, str]:
         """A GET's headers, signed now. A whole-object GET asks for the object's additional

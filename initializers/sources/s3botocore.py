@@ -37,9 +37,17 @@ class BotocorePlane:
     """Listing, HEAD, credentials, region and the bucket's URL, from a botocore client."""
 
     def __init__(
-        self, bucket: str, where: str, settings: SourceSettings, retry: RetryPolicy
+        self,
+        bucket: str,
+        where: str,
+        settings: SourceSettings,
+        retry: RetryPolicy,
+        version_id: str | None = None,
     ) -> None:
+        """``version_id``: every HEAD asks for that version of its object (the run fetches
+        one object, pinned by ``?versionId=``)."""
         self.bucket = bucket
+        self._pinned = {"VersionId": version_id} if version_id else {}
         self.where = where
         self.settings = settings
         self.retry = retry
@@ -59,7 +67,7 @@ class BotocorePlane:
         try:
             return self._call(
                 lambda: self._client.head_object(
-                    Bucket=self.bucket, Key=key, ChecksumMode="ENABLED"
+                    Bucket=self.bucket, Key=key, ChecksumMode="ENABLED", **self._pinned
                 )
             )
         except NotFoundError:
@@ -70,7 +78,9 @@ class BotocorePlane:
         or None where the server knows no such object or part."""
         try:
             return self._call(
-                lambda: self._client.head_object(Bucket=self.bucket, Key=key, PartNumber=number)
+                lambda: self._client.head_object(
+                    Bucket=self.bucket, Key=key, PartNumber=number, **self._pinned
+                )
             )
         except (NotFoundError, UsageError):
             return None

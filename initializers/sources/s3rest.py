@@ -67,7 +67,10 @@ class RestPlane:
         settings: SourceSettings,
         retry: RetryPolicy,
         transport: HttpTransport,
+        version_id: str | None = None,
     ) -> None:
+        """``version_id``: every HEAD asks for that version of its object (the run fetches
+        one object, pinned by ``?versionId=``)."""
         self.bucket = bucket
         self.where = where
         self.retry = retry
@@ -88,6 +91,7 @@ class RestPlane:
         self._path = split.path
         self._signer = S3HeaderSigner(self.credentials, self.region) if self.credentials else None
         self._payer = settings.request_payer
+        self._pinned = f"versionId={quote(version_id, safe='')}" if version_id else ""
 
     def list_objects(self, folder: str) -> Iterator[dict[str, Any]]:
         """Every object under ``folder``, page after page, in botocore's ListObjectsV2 keys."""
@@ -108,7 +112,10 @@ class RestPlane:
     def head_object(self, key: str) -> dict[str, Any] | None:
         """HeadObject's answer in botocore's keys, or None when there is no such object."""
         status, headers, _ = self._request(
-            "HEAD", self._path + quote(key, safe="/~"), "", {"x-amz-checksum-mode": "ENABLED"}
+            "HEAD",
+            self._path + quote(key, safe="/~"),
+            self._pinned,
+            {"x-amz-checksum-mode": "ENABLED"},
         )
         if status == 404:
             return None
@@ -124,7 +131,9 @@ class RestPlane:
         """HeadObject of part ``number`` (``?partNumber=``): the part's ContentLength and the
         object's PartsCount, or None where the server knows no such object or part."""
         status, headers, _ = self._request(
-            "HEAD", self._path + quote(key, safe="/~"), f"partNumber={number}"
+            "HEAD",
+            self._path + quote(key, safe="/~"),
+            "&".join(q for q in (f"partNumber={number}", self._pinned) if q),
         )
         if status not in (200, 206):
             failure = s3_error(str(status), status, headers, self.where, self.bucket)

@@ -750,3 +750,64 @@ def test_a_version_id_on_a_prefix_or_an_unknown_version_is_refused_in_one_line(
     assert unknown.code in (2, 4), unknown.output
     assert "Traceback" not in on_prefix.stderr + unknown.stderr
     assert len(unknown.stderr.strip().splitlines()[-1]) < 300
+
+
+@pytest.mark.parametrize("plane", ["signed-rest", "botocore"])
+def test_sse_c_objects_are_read_with_the_customer_key_which_no_output_shows(
+    plane, bucket, run_initializer, tmp_path
+):
+    """Objects uploaded with a customer key (SSE-C): every HEAD and GET of an object sends
+    the three SSE-C headers, signed (a listing does not); their ETag is no MD5 of the content,
+    so none is taken for one; and the key is in no log line, error or manifest."""
+    raw = os.urandom(32)
+    key = base64.b64encode(raw).decode()
+    files = {"d/small.txt": b"sealed", "d/large.bin": os.urandom(50 << 20)}
+    for name, body in files.items():
+        bucket.client.put_object(
+            Bucket=bucket.name, Key=name, Body=body,
+            SSECustomerAlgorithm="AES256", SSECustomerKey=raw,
+        )  # fmt: skip
+    out = tmp_path / "out"
+    proxy = FaultProxy(bucket.endpoint).start()
+    try:
+        env = bucket.env("d", OUTPUT_PATH=str(out), ENDPOINT=proxy.url, DEBUG="1")
+        if plane == "botocore":
+            del env["ACCESS_KEY_ID"], env["SECRET_ACCESS_KEY"]
+            (tmp_path / "home" / "no-aws-credentials").write_text(
+                f"[default]\naws_access_key_id = {ACCESS_KEY}\n"
+                f"aws_secret_access_key = {SECRET_KEY}\n"
+            )
+        (tmp_path / "sse-c.key").write_text(key + "\n")
+        env["SSE_CUSTOMER_KEY_FILE"] = str(tmp_path / "sse-c.key")
+        result = run_initializer("dataset", env=env)
+    finally:
+        proxy.stop()
+    assert result.code == 0, result.output
+    assert tree(out) == {name.removeprefix("d/"): body for name, body in files.items()}
+    md5 = base64.b64encode(hashlib.md5(raw).digest()).decode()
+    reads = [r for r in proxy.received if "list-type=2" not in r.query]
+    assert any(r.range for r in reads) and any(not r.range for r in reads)
+    for request in reads:
+        assert request.headers["x-amz-server-side-encryption-customer-algorithm"] == "AES256"
+        assert request.headers["x-amz-server-side-encryption-customer-key"] == key
+        assert request.headers["x-amz-server-side-encryption-customer-key-md5"] == md5
+        signed = request.headers["authorization"].partition("SignedHeaders=")[2].split(",")[0]
+        assert "x-amz-server-side-encryption-customer-key" in signed.split(";"), request
+    for request in proxy.received:
+        if "list-type=2" in request.query:
+            assert "x-amz-server-side-encryption-customer-key" not in request.headers
+    recorded = manifest(out)
+    assert key not in json.dumps(recorded) and key not in result.output
+    assert not any(
+        str(record.get("checksum", "")).startswith("md5:") for record in recorded["files"].values()
+    )
+
+
+def test_an_sse_c_key_that_is_not_a_base64_aes_256_key_is_refused_without_showing_it(
+    bucket, run_initializer, tmp_path
+):
+    bad = base64.b64encode(b"sixteen byte key").decode()
+    env = bucket.env("d", OUTPUT_PATH=str(tmp_path / "out"), SSE_CUSTOMER_KEY=bad)
+    result = run_initializer("dataset", env=env)
+    assert result.code == 2, result.output
+    assert "256-bit AES key base64-encoded" in result.stderr and bad not in result.output

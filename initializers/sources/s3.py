@@ -29,7 +29,7 @@ from initializers.sources import s3rest
 from initializers.sources.base import Checksum, Listing, RemoteFile, Source
 from initializers.sources.prefix import Entry, list_prefix, split_location
 from initializers.sources.s3errors import host_header
-from initializers.sources.s3options import REQUEST_PAYER_HEADER
+from initializers.sources.s3options import request_headers
 from initializers.sources.s3sign import S3HeaderSigner
 from initializers.streams import RangeReader
 from initializers.transport import HttpTransport
@@ -218,8 +218,7 @@ class S3Source(Source):
         """A GET's headers, signed now. A whole-object GET asks for the object's additional
         checksum (S3 sends it only on those); ``If-Match`` pins the listed version."""
         signed = {"x-amz-checksum-mode": "ENABLED"} if whole else {}
-        if self.settings.request_payer:
-            signed[REQUEST_PAYER_HEADER] = self.settings.request_payer
+        signed.update(request_headers(self.settings, reads_object=True))
         if self._signer is not None:
             signed = self._signer.sign(self._host, path, signed)
         return {**signed, "If-Match": f'"{version}"'} if version else signed

@@ -28,7 +28,7 @@ from initializers.errors import AuthError, NotFoundError, TransientError, UsageE
 from initializers.options import SourceSettings
 from initializers.retry import RetryPolicy
 from initializers.sources.s3errors import s3_error
-from initializers.sources.s3options import REQUEST_PAYER_HEADER
+from initializers.sources.s3options import request_headers
 
 log = logging.getLogger(__name__)
 
@@ -111,12 +111,9 @@ class BotocorePlane:
             )
         except ValueError as exc:  # malformed endpoint URL
             raise UsageError(f"invalid S3 endpoint {self.settings.endpoint!r}: {exc}") from None
-        if self.settings.request_payer:
-            # On every request, HeadBucket's too (its API takes no RequestPayer), signed.
-            payer = self.settings.request_payer
-            client.meta.events.register(
-                "before-sign.s3", partial(_add_header, REQUEST_PAYER_HEADER, payer)
-            )
+        # On every request, signed: who pays (HeadBucket's too, whose API takes no RequestPayer),
+        # and on HEADs the SSE-C key.
+        client.meta.events.register("before-sign.s3", partial(_add_headers, self.settings))
         return client
 
     def _discover_region(self) -> str:
@@ -240,5 +237,9 @@ def _skip_timestamp_parsing(session: botocore.session.Session) -> None:
     session.register_component("response_parser_factory", factory)
 
 
-def _add_header(name: str, value: str, request: Any, **_: Any) -> None:
-    request.headers[name] = value
+def _add_headers(
+    settings: SourceSettings, request: Any, operation_name: str = "", **_: Any
+) -> None:
+    reads = operation_name in ("HeadObject", "GetObject")
+    for name, value in request_headers(settings, reads_object=reads).items():
+        request.headers[name] = value

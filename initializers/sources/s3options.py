@@ -1,7 +1,12 @@
-"""The options only the s3:// source receives: its endpoint, region, keys, role and who pays."""
+"""The options only the s3:// source receives: its endpoint, region, keys, role, who pays and
+the customer key of SSE-C objects; and the headers those last two add to requests."""
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +14,22 @@ from initializers.errors import UsageError
 from initializers.options import Option, OptionGroup, one_of, read_secret_file
 
 REQUEST_PAYER_HEADER = "x-amz-request-payer"
+SSE_C_PREFIX = "x-amz-server-side-encryption-customer-"
+
+
+def request_headers(settings: Mapping[str, Any], reads_object: bool) -> dict[str, str]:
+    """What every request says for these options (all x-amz-*, to be signed): who pays, and
+    for a request that reads an object (HEAD, GET) the SSE-C customer key."""
+    headers = {}
+    if settings["request_payer"]:
+        headers[REQUEST_PAYER_HEADER] = settings["request_payer"]
+    key = settings["sse_customer_key"]
+    if key and reads_object:
+        digest = hashlib.md5(base64.b64decode(key), usedforsecurity=False).digest()
+        headers[SSE_C_PREFIX + "algorithm"] = "AES256"
+        headers[SSE_C_PREFIX + "key"] = key
+        headers[SSE_C_PREFIX + "key-md5"] = base64.b64encode(digest).decode()
+    return headers
 
 
 def _finish(values: dict[str, Any]) -> None:
@@ -22,6 +43,19 @@ def _finish(values: dict[str, Any]) -> None:
         )
     if values["anonymous"] and (values["access_key_id"] or values["role_arn"]):
         raise UsageError("--anonymous cannot be combined with access keys or --role-arn")
+    key_file = values.pop("sse_customer_key_file")
+    if key_file is not None:
+        values["sse_customer_key"] = read_secret_file(key_file, "SSE-C customer key")
+    if values["sse_customer_key"]:
+        try:
+            raw = base64.b64decode(values["sse_customer_key"], validate=True)
+        except (binascii.Error, ValueError):
+            raw = b""
+        if len(raw) != 32:
+            raise UsageError(
+                "SSE_CUSTOMER_KEY is not an SSE-C key: give the 256-bit AES key base64-encoded "
+                "(44 characters), as the object was uploaded with"
+            )
 
 
 OPTIONS = OptionGroup(
@@ -77,6 +111,20 @@ OPTIONS = OptionGroup(
             ("REQUEST_PAYER",),
             "'requester' to read a Requester Pays bucket: every request says this account pays",
             one_of("requester"),
+        ),
+        Option(
+            "sse_customer_key",
+            None,
+            ("SSE_CUSTOMER_KEY",),
+            "SSE-C: the base64 AES-256 key the objects were uploaded with",
+            secret=True,
+        ),
+        Option(
+            "sse_customer_key_file",
+            "--sse-customer-key-file",
+            ("SSE_CUSTOMER_KEY_FILE",),
+            "file holding the SSE-C key (base64)",
+            Path,
         ),
         Option(
             "session_token",

@@ -22,7 +22,7 @@ from initializers.errors import NotFoundError, TransientError, UsageError
 from initializers.options import SourceSettings
 from initializers.retry import RetryPolicy
 from initializers.sources.s3errors import host_header, s3_error
-from initializers.sources.s3options import REQUEST_PAYER_HEADER
+from initializers.sources.s3options import request_headers
 from initializers.sources.s3sign import S3HeaderSigner
 from initializers.transport import HttpTransport
 
@@ -90,7 +90,7 @@ class RestPlane:
         self._host = host_header(split)
         self._path = split.path
         self._signer = S3HeaderSigner(self.credentials, self.region) if self.credentials else None
-        self._payer = settings.request_payer
+        self._settings = settings
         self._pinned = f"versionId={quote(version_id, safe='')}" if version_id else ""
 
     def list_objects(self, folder: str) -> Iterator[dict[str, Any]]:
@@ -172,8 +172,7 @@ class RestPlane:
     ) -> tuple[int, Any, bytes]:
         target = f"{path}?{query}" if query else path
         headers = dict(headers or {})
-        if self._payer:
-            headers[REQUEST_PAYER_HEADER] = self._payer
+        headers.update(request_headers(self._settings, reads_object=method == "HEAD"))
         if self._signer is not None:
             headers = self._signer.sign(self._host, target, headers, method=method)
         return self._transport.request(method, self._origin + target, headers, self.where)

@@ -34,6 +34,7 @@ from initializers.config import (
     load_settings,
     termination_log_for_bad_settings,
 )
+from initializers.dryrun import Printer, plan_folder
 from initializers.engine import Engine, Outcome, Share, describe_outcome
 from initializers.environment import prepare_native_allocator, variables, write_termination_message
 from initializers.errors import (
@@ -48,6 +49,7 @@ from initializers.logs import RedactSecrets, configure
 from initializers.retry import RetryPolicy
 from initializers.selection import Chooser, Rules
 from initializers.shards import ShardSpec, sync_shard
+from initializers.shards import share as shard_share
 from initializers.sources import open_source
 from initializers.sources.base import Listing, RemoteFile, Source
 from initializers.unpack import archive_to_unpack, sync_archive
@@ -109,6 +111,9 @@ def _fetch(settings: Settings, stop: _StopOnSignal) -> None:
     try:
         listing = _list(source, settings.kind)
         run = _Run(settings, source, listing, stop.event, retry)
+        if settings.dry_run:
+            _dry_run(settings, source, run)
+            return
         stop.engine_running = True
         if settings.cache_dir is None:
             outcome = run.fill(settings.output)
@@ -221,15 +226,9 @@ def _through_cache(
     assert settings.cache_dir is not None
     shown = source.describe()
     prove_read_access(source, chosen or listing.files, retry)
-    located = (settings[o.dest] for group in all_groups() for o in group.rows if o.locates)
-    material = key_material(
-        " ".join([shown, *(str(where) for where in located if where)]),
-        listing,
-        (settings.allow_patterns, settings.ignore_patterns, settings.fallback_weights),
-    )
     return fetch_through_cache(
         AssetCache(settings.cache_dir),
-        entry_name(shown, material),
+        _entry_name(settings, source, listing),
         settings.output,
         fill,
         shown=shown,
@@ -240,6 +239,46 @@ def _through_cache(
         shared=settings.shards > 1,  # the shards of one fetch fill the entry together
         stall_limit=10 * settings.timeout,  # a live holder retries within --timeout; 10x: stuck
     )
+
+
+def _entry_name(settings: Settings, source: Source, listing: Listing) -> str:
+    """The asset store's entry for what the listing resolved, and how it was chosen."""
+    shown = source.describe()
+    located = (settings[o.dest] for group in all_groups() for o in group.rows if o.locates)
+    material = key_material(
+        " ".join([shown, *(str(where) for where in located if where)]),
+        listing,
+        (settings.allow_patterns, settings.ignore_patterns, settings.fallback_weights),
+    )
+    return entry_name(shown, material)
+
+
+def _dry_run(settings: Settings, source: Source, run: _Run) -> None:
+    """What a run would do (:mod:`initializers.dryrun`), for each way a run goes."""
+    printer = Printer(settings.log_format == "json")
+    dest, notes = settings.output, []
+    revision, kind = run.listing.revision, settings.kind
+    if run.archive is not None:
+        notes.append(f"{run.archive.path} is an archive: a run fetches it and unpacks it")
+        printer.file("fetch", run.archive.path, run.archive.size)
+    elif settings.cache_dir is not None:
+        name = _entry_name(settings, source, run.listing)
+        dest = AssetCache(settings.cache_dir).entries_dir / name
+        made = "exists" if dest.exists() else "does not exist yet"
+        notes.append(f"the asset store's entry {name} {made}; {settings.output} would link to it")
+        plan_folder(printer, dest, run.chosen or [], run.recorded, revision, kind)
+    elif run.spec.count > 1:
+        chosen = as_table(run.chosen or [])
+        mine, _ = shard_share(chosen, run.spec)
+        notes.append(
+            f"shard {run.spec.index} (of {run.spec.count}) takes {len(mine)} of {len(chosen)} "
+            "files; the plan below is its share"
+        )
+        plan_folder(printer, dest, mine, run.recorded, revision, kind)
+    else:
+        chooser = Chooser(run.listing, run.rules, run.where)
+        plan_folder(printer, dest, chooser, run.recorded, revision, kind)
+    printer.summary(dest, notes)
 
 
 def _choose(listing: Listing, rules: Rules, where: str) -> FileTable:

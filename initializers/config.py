@@ -132,6 +132,16 @@ COMMON = OptionGroup(
             switch=True,
         ),
         Option(
+            "dry_run",
+            "--dry-run",
+            ("DRY_RUN",),
+            "list and plan as a run would, print each file (fetch, keep, remove) and the "
+            "totals, and write nothing at all",
+            parse_bool,
+            default=False,
+            switch=True,
+        ),
+        Option(
             "durable",
             "--durable",
             ("DURABLE",),

@@ -94,8 +94,13 @@ class Plan:
         source_uri: str,
         revision: str | None,
         stop: threading.Event,
+        dry: bool = False,
     ) -> None:
+        """``dry``: plan as a run would and change nothing (``--dry-run``): no manifest
+        removed, no file in the way cleared, nothing stale removed; a folder that does not
+        exist yet is planned as empty."""
         self.where = where
+        self.dry = dry
         self.chooser = chooser
         self.listing = chooser.listing
         self.streamed = self.listing.rest is not None
@@ -118,7 +123,7 @@ class Plan:
         self._state = self._table("state", "done INTEGER")
         self._db.execute(f"INSERT INTO {self._state} VALUES (0)")
         self._db.commit()
-        self._free = shutil.disk_usage(where.dest).free
+        self._free = shutil.disk_usage(_existing(where.dest)).free
         self._needed = 0
         self._suspect_checked = 0
         self._touched = False  # the tree has begun to change: the manifest is gone
@@ -178,10 +183,10 @@ class Plan:
         """A job for ``remote``, once the disk is known to hold it; the bytes an interrupted
         run left of it that are kept."""
         self._touch()
-        if self._has_earlier:
+        if self._has_earlier and not self.dry:
             self._clear_way(remote.path)
         present = 0
-        if remote.size > CHECKPOINT and remote.ranged:  # only those can have bytes on disk
+        if remote.size > CHECKPOINT and remote.ranged and not self.dry:  # bytes on disk?
             job = FileJob(remote, self.where.dest)
             if job.part.exists():  # left by an interrupted run: its journal says what is kept
                 job.plan()
@@ -199,6 +204,8 @@ class Plan:
         """Mark the destination incomplete before its first file changes."""
         if not self._touched:
             self._touched = True
+            if self.dry:
+                return
             remove_manifest(self.where.dest)
             self.where.record.unlink(missing_ok=True)
 
@@ -240,7 +247,10 @@ class Plan:
         )
         if not self.todo and not stale and unchanged:
             self.outcome.up_to_date = True
-            self.where.commits.remove()  # left behind by a run killed just after its manifest
+            if not self.dry:
+                self.where.commits.remove()  # left by a run killed just after its manifest
+        elif self.dry:
+            self.outcome.removed = stale  # what a run would remove
         else:
             self._touch()
             self.outcome.removed = _remove_stale(self.where, stale)
@@ -385,6 +395,13 @@ class Plan:
             f"WHERE path IN (SELECT path FROM {self.todo.name})"
         )
         self._db.commit()
+
+
+def _existing(path: Path) -> Path:
+    """``path``, or its nearest folder that exists (a destination not made yet)."""
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    return path
 
 
 def _job(remote: RemoteFile, dest: Path, room: Callable[[Path], None]) -> FileJob:

@@ -89,7 +89,7 @@ def _deal(ordered: Iterable[RemoteFile], count: int) -> Iterator[tuple[int, Remo
         heapq.heappush(loads, (load + max(file.size, 1), index))
 
 
-def _share(files: FileTable, spec: ShardSpec) -> tuple[FileTable, list[int]]:
+def share(files: FileTable, spec: ShardSpec) -> tuple[FileTable, list[int]]:
     """This pod's share of ``files`` (in a table: a million files are not held) and every
     share's bytes, dealt from the listing read largest first."""
     mine, totals = files.sibling(), [0] * spec.count
@@ -121,21 +121,21 @@ def sync_shard(
     except OSError as exc:
         raise storage_error(exc, state) from None
     _join_plan(state, digest, files, spec, dest)
-    share, totals = _share(files, spec)
+    mine, totals = share(files, spec)
     log.info(
         "shard %d (of %d, from 0): %d of %d files, %s (the largest share %s, an even split %s: "
         "files are not split)",
         spec.index,
         spec.count,
-        len(share),
+        len(mine),
         len(files),
-        human_bytes(share.total_bytes),
+        human_bytes(mine.total_bytes),
         human_bytes(max(totals)),
         human_bytes(files.total_bytes / spec.count),
     )
     record = state / f"shard-{spec.index}-{digest[:16]}.json"
     known = tuple(sorted(state.glob("shard-*.json")))  # any shard's of any run: kept if current
-    outcome = make_engine(Share(spec.index, record, known)).sync(share, source_uri, revision)
+    outcome = make_engine(Share(spec.index, record, known)).sync(mine, source_uri, revision)
     _finish(dest, state, digest, files, source_uri, revision, spec)
     return outcome
 

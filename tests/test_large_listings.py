@@ -231,7 +231,7 @@ from pathlib import Path
 from initializers.filetable import FileTable
 from initializers.manifest import FileRecord, write_manifest_records
 from initializers import shards
-from initializers.shards import ShardSpec, _complete, _merged, _share
+from initializers.shards import ShardSpec, _complete, _merged, share
 from initializers.sources.base import RemoteFile
 
 shards.record_is_intact = lambda *_: True  # as if every file were on disk: no disk here
@@ -249,7 +249,7 @@ for i, record in enumerate(records):  # each shard's record, as its engine write
 tracemalloc.start()
 listing = FileTable()
 listing.extend(remote(i) for i in range(count))
-mine, totals = _share(listing, ShardSpec(3, 1))
+mine, totals = share(listing, ShardSpec(3, 1))
 complete = _complete(dest, listing, "s3://bucket/d", None)
 merged, in_order, last = 0, True, ""
 for path, _ in _merged(dest, records):

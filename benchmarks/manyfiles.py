@@ -156,9 +156,26 @@ def measure_local(count: int, rounds: int, work: Path) -> list[Run]:
                 )
             )
             _check(name, got.returncode, dest, count, work)
+            if name == "ours-file" and r == 0:
+                runs.append(measure_shim_check(count, dest, work))
         shutil.rmtree(work / "dest-ours-file", ignore_errors=True)
         shutil.rmtree(work / "dest-cp", ignore_errors=True)
     return runs
+
+
+def measure_shim_check(count: int, dest: Path, work: Path) -> Run:
+    """What ``kf-torchrun`` / ``kf-mpirun`` do before training starts: check that the folder
+    holds what its manifest says (``wait_for_assets``, their code), on the tree ours wrote."""
+    script = (
+        "import sys; from pathlib import Path; "
+        "from initializers.launchers.assets import wait_for_assets; "
+        "wait_for_assets([Path(sys.argv[1])], 0)"
+    )
+    got = measure.run([sys.executable, "-c", script, str(dest)], dict(os.environ),
+                      work / "shim-check.log", timeout_s=600)  # fmt: skip
+    if got.returncode != 0:
+        raise SystemExit(f"the shims' check failed; see {work / 'shim-check.log'}")
+    return Run(count, "shim-check", 0, got.wall_s, got.cpu_s, got.peak_rss_mib, None, 0, 0)
 
 
 def measure_resume(count: int, work: Path) -> list[Run]:

@@ -93,10 +93,12 @@ def images() -> dict[str, str]:
     if proc.returncode != 0:
         pytest.fail(f"images/build.sh failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     built = proc.stdout.split()
-    return {
-        kind: next(n for n in built if f"/{kind}-initializer:" in n)
-        for kind in ("dataset", "model")
-    }
+    images = {}
+    for kind in ("dataset", "model"):
+        named = [n for n in built if f"/{kind}-initializer:" in n]
+        images[kind] = next(n for n in named if not n.endswith("-nonroot"))
+        images[f"{kind}-nonroot"] = next(n for n in named if n.endswith("-nonroot"))
+    return images
 
 
 @pytest.fixture

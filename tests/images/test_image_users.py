@@ -10,6 +10,7 @@ tests/runtimes/test_podman_pods.py. The SDK itself drives the images in test_kub
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 
@@ -17,6 +18,7 @@ import pytest
 
 from tests.conftest import ACCESS_KEY, SECRET_KEY, tree
 from tests.images.conftest import BUILD_TIMEOUT, IMAGE_UID, owned_dir, owners
+from tests.podman import podman_env
 
 pytestmark = [pytest.mark.images, pytest.mark.timeout(BUILD_TIMEOUT + 300)]
 
@@ -168,3 +170,43 @@ def test_when_container_root_is_a_host_user_it_keeps_that_identity_without_capab
     assert no_new_privs == "1"
     assert tree(job / "model") == MODEL
     assert owners(job / "model") == {(HOST_UID, HOST_GID)}
+
+
+@pytest.mark.parametrize("kind", ["dataset", "model"])
+def test_the_nonroot_variant_is_the_same_image_started_as_its_own_user(kind, images):
+    """For a cluster that admits only images whose USER is non-root (runAsNonRoot without
+    runAsUser): the same layers, the same entrypoint, USER 65532:0."""
+    inspected = {}
+    for name in (images[kind], images[f"{kind}-nonroot"]):
+        proc = subprocess.run(
+            ["podman", "image", "inspect", name], capture_output=True, text=True, check=True,
+            env=podman_env(),
+        )  # fmt: skip
+        [inspected[name]] = json.loads(proc.stdout)
+    root, nonroot = inspected[images[kind]], inspected[images[f"{kind}-nonroot"]]
+    assert root["Config"]["User"] == "0:0"
+    assert nonroot["Config"]["User"] == f"{IMAGE_UID}:0"
+    assert nonroot["RootFS"]["Layers"] == root["RootFS"]["Layers"]
+    assert nonroot["Config"]["Entrypoint"] == root["Config"]["Entrypoint"]
+
+
+def test_the_nonroot_variant_fetches_as_65532_into_a_volume_its_group_may_write(
+    images, podman_run, bucket, open_tmp
+):
+    """What fsGroup (or a group-0 writable volume, as OpenShift gives) provides: the files are
+    the image user's, written without ever being root."""
+    volume = owned_dir(open_tmp / "volume", uid=0, gid=0, mode=0o775)
+    result = podman_run(
+        images["model-nonroot"],
+        "sh",
+        "-c",
+        f"{IDENTITY} && exec model-initializer",
+        env={**fill(bucket), "OUTPUT_PATH": "/workspace/model"},
+        volumes={volume: "/workspace"},
+    )
+    assert result.code == 0, result.output
+    uid, gid, *caps = result.stdout.split()
+    assert (int(uid), int(gid)) == (IMAGE_UID, 0)
+    assert set(caps[:2]) == {"0000000000000000"}, "no capabilities at all"
+    assert tree(volume / "model") == MODEL
+    assert owners(volume / "model") == {(IMAGE_UID, 0)}

@@ -6,7 +6,11 @@ import base64
 import hashlib
 import json
 import os
+import subprocess
+import sys
+import threading
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import quote
 from urllib.request import urlopen
@@ -17,7 +21,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from initializers.manifest import find_problems, read_manifest
-from tests.conftest import tree
+from tests.conftest import clean_env, tree
 from tests.reliability.conftest import dataset
 from tests.servers.tokens import TokenServer
 
@@ -279,3 +283,67 @@ def test_a_key_that_is_not_json_exits_2(run_initializer, tmp_path):
     assert result.code == 2, result.output
     assert "is not valid JSON" in result.stderr
     assert "not-json-secret-1234" not in result.output
+
+
+class _GkeMetadata(BaseHTTPRequestHandler):
+    """The GKE metadata server as google-auth sees it, on 127.0.0.1: the ping, the project, the
+    pod's service account and its token (Workload Identity). Every request must carry
+    ``Metadata-Flavor: Google``; the paths asked are recorded."""
+
+    def do_GET(self) -> None:
+        self.server.asked.append((self.path, self.headers.get("Metadata-Flavor")))  # type: ignore[attr-defined]
+        path = self.path.partition("?")[0]
+        account = "/computeMetadata/v1/instance/service-accounts/default/"
+        if path.endswith("/token"):
+            body = json.dumps({"access_token": "ya29.gke-metadata", "expires_in": 3600,
+                               "token_type": "Bearer"})  # fmt: skip
+        elif path == account:
+            scopes = ["https://www.googleapis.com/auth/cloud-platform"]
+            email = "trainer@p.iam.gserviceaccount.com"
+            body = json.dumps({"email": email, "aliases": ["default"], "scopes": scopes})
+        elif path.endswith("/project/project-id"):
+            body = "test-project"
+        else:
+            body = ""
+        data = body.encode()
+        self.send_response(200)
+        self.send_header("Metadata-Flavor", "Google")
+        self.send_header("Content-Type", "application/json" if body[:1] == "{" else "text/plain")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+GET_TOKEN = """
+import json, sys
+from initializers.config import load_settings
+from initializers.dataset import DEFAULTS
+from initializers.sources import open_source
+source = open_source(load_settings(DEFAULTS, ["--storage-uri", "gs://bucket/data"], {}))
+print(json.dumps(source._auth()))
+"""
+
+
+def test_on_gke_the_metadata_servers_token_is_used_without_any_key(tmp_path):
+    """Workload Identity: no key anywhere, google-auth finds the metadata server (a stand-in on
+    127.0.0.1 through ``GCE_METADATA_HOST`` / ``GCE_METADATA_IP``, never 169.254.169.254) and
+    the source's requests carry the token it gave for the pod's service account."""
+    metadata = ThreadingHTTPServer(("127.0.0.1", 0), _GkeMetadata)
+    metadata.asked = []  # type: ignore[attr-defined]
+    threading.Thread(target=metadata.serve_forever, daemon=True).start()
+    where = f"127.0.0.1:{metadata.server_address[1]}"
+    env = clean_env(tmp_path, GCE_METADATA_HOST=where, GCE_METADATA_IP=where,
+                    CLOUDSDK_CONFIG=str(tmp_path / "no-gcloud"))  # fmt: skip
+    try:
+        ran = subprocess.run([sys.executable, "-c", GET_TOKEN], env=env, capture_output=True,
+                             text=True, timeout=60)  # fmt: skip
+    finally:
+        metadata.shutdown()
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout) == {"Authorization": "Bearer ya29.gke-metadata"}
+    asked = metadata.asked  # type: ignore[attr-defined]
+    assert any(path.partition("?")[0].endswith("/token") for path, _ in asked), asked
+    assert {flavor for _, flavor in asked} == {"Google"}

@@ -19,6 +19,7 @@ import select
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,11 +77,13 @@ def run(
     log: Path,
     *,
     kill_after_written: int | None = None,
+    kill_when: Callable[[], bool] | None = None,
     timeout_s: float = 1800,
     cwd: Path | None = None,
 ) -> Measurement:
-    """Run ``argv`` to completion (or SIGKILL its group once it wrote ``kill_after_written``)."""
-    poll_s = 0.02 if kill_after_written else 0.1
+    """Run ``argv`` to completion (or SIGKILL its group once it wrote ``kill_after_written``,
+    or once ``kill_when()`` says so: it is asked at every poll)."""
+    poll_s = 0.02 if kill_after_written or kill_when else 0.1
     stats = log.with_suffix(".time")
     stats.unlink(missing_ok=True)
     wrapped = os.path.exists(GNU_TIME)
@@ -109,8 +112,10 @@ def run(
                 rss, written = tree.poll()
                 peak_rss = max(peak_rss, rss)
                 elapsed = time.perf_counter() - start
-                if (kill_after_written is not None and written >= kill_after_written) or (
-                    elapsed > timeout_s
+                if (
+                    (kill_after_written is not None and written >= kill_after_written)
+                    or (kill_when is not None and kill_when())
+                    or elapsed > timeout_s
                 ):
                     os.killpg(proc.pid, signal.SIGKILL)
                     killed = True

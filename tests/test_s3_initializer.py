@@ -40,6 +40,16 @@ def manifest(dest: Path) -> dict:
     return json.loads((dest / ".initializer-manifest.json").read_text())
 
 
+def on_plane(plane: str, env: dict[str, str], tmp_path: Path) -> None:
+    """Make ``env`` take the S3 control plane ``plane``: static keys take the signed REST
+    calls ("signed-rest"); keys from the AWS credentials file take botocore's ("botocore")."""
+    if plane == "botocore":
+        del env["ACCESS_KEY_ID"], env["SECRET_ACCESS_KEY"]
+        (tmp_path / "home" / "no-aws-credentials").write_text(
+            f"[default]\naws_access_key_id = {ACCESS_KEY}\naws_secret_access_key = {SECRET_KEY}\n"
+        )
+
+
 def test_env_only_run_as_the_controller_calls_it_fetches_the_model(
     bucket, run_initializer, tmp_path
 ):
@@ -663,12 +673,7 @@ def test_requester_pays_is_said_and_signed_on_every_request(
     proxy = FaultProxy(bucket.endpoint).start()
     try:
         env = bucket.env("d", OUTPUT_PATH=str(out), ENDPOINT=proxy.url, REQUEST_PAYER="requester")
-        if plane == "botocore":  # keys from the AWS credentials file, not the env
-            del env["ACCESS_KEY_ID"], env["SECRET_ACCESS_KEY"]
-            (tmp_path / "home" / "no-aws-credentials").write_text(
-                f"[default]\naws_access_key_id = {ACCESS_KEY}\n"
-                f"aws_secret_access_key = {SECRET_KEY}\n"
-            )
+        on_plane(plane, env, tmp_path)
         result = run_initializer("dataset", env=env)
     finally:
         proxy.stop()
@@ -716,12 +721,7 @@ def test_a_version_id_fetches_that_version_of_the_object_pinned_in_the_manifest(
         out = tmp_path / name
         uri = f"{bucket.uri('m/' + name)}?versionId={pinned[name]['VersionId']}"
         env = bucket.env("m", STORAGE_URI=uri, OUTPUT_PATH=str(out))
-        if plane == "botocore":
-            del env["ACCESS_KEY_ID"], env["SECRET_ACCESS_KEY"]
-            (tmp_path / "home" / "no-aws-credentials").write_text(
-                f"[default]\naws_access_key_id = {ACCESS_KEY}\n"
-                f"aws_secret_access_key = {SECRET_KEY}\n"
-            )
+        on_plane(plane, env, tmp_path)
         first = run_initializer("dataset", env=env)
         assert first.code == 0, first.output
         assert tree(out) == {name: old}
@@ -771,12 +771,7 @@ def test_sse_c_objects_are_read_with_the_customer_key_which_no_output_shows(
     proxy = FaultProxy(bucket.endpoint).start()
     try:
         env = bucket.env("d", OUTPUT_PATH=str(out), ENDPOINT=proxy.url, DEBUG="1")
-        if plane == "botocore":
-            del env["ACCESS_KEY_ID"], env["SECRET_ACCESS_KEY"]
-            (tmp_path / "home" / "no-aws-credentials").write_text(
-                f"[default]\naws_access_key_id = {ACCESS_KEY}\n"
-                f"aws_secret_access_key = {SECRET_KEY}\n"
-            )
+        on_plane(plane, env, tmp_path)
         (tmp_path / "sse-c.key").write_text(key + "\n")
         env["SSE_CUSTOMER_KEY_FILE"] = str(tmp_path / "sse-c.key")
         result = run_initializer("dataset", env=env)

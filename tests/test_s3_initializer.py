@@ -14,11 +14,13 @@ import time
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
 from tests.conftest import ACCESS_KEY, SECRET_KEY, Bucket, clean_env, tree
 from tests.servers.faultproxy import FaultProxy
+from tests.servers.forward import ForwardProxy
 
 MODEL = {
     "llama/config.json": b'{"hidden_size": 8}',
@@ -806,3 +808,52 @@ def test_an_sse_c_key_that_is_not_a_base64_aes_256_key_is_refused_without_showin
     result = run_initializer("dataset", env=env)
     assert result.code == 2, result.output
     assert "256-bit AES key base64-encoded" in result.stderr and bad not in result.output
+
+
+@pytest.mark.parametrize("plane", ["signed-rest", "botocore"])
+def test_virtual_hosted_addressing_puts_the_bucket_in_the_host_on_every_request(
+    plane, bucket, run_initializer, tmp_path
+):
+    """``--addressing-style virtual`` against moto's server, which reads the bucket from the
+    Host header: the listing, ranged GETs of a large object and whole GETs of small ones all
+    name ``BUCKET.s3.test``, never the bucket in the path. The name is never resolved: a
+    forward proxy on 127.0.0.1 (HTTP_PROXY) takes every request to moto."""
+    files = {"d/small.txt": b"small", "d/large.bin": os.urandom(50 << 20)}
+    for key, body in files.items():
+        bucket.put(key, body)
+    port = urlsplit(bucket.endpoint).port
+    proxy = ForwardProxy(port)
+    out = tmp_path / "out"
+    try:
+        env = bucket.env("d", OUTPUT_PATH=str(out), ENDPOINT=f"http://s3.test:{port}",
+                         HTTP_PROXY=proxy.url, S3_ADDRESSING_STYLE="virtual")  # fmt: skip
+        on_plane(plane, env, tmp_path)
+        result = run_initializer("dataset", env=env)
+    finally:
+        proxy.stop()
+    assert result.code == 0, result.output
+    assert tree(out) == {key.removeprefix("d/"): body for key, body in files.items()}
+    assert {host for _, host, _ in proxy.requests} == {f"{bucket.name}.s3.test:{port}"}
+    paths = [path for _, _, path in proxy.requests]
+    assert any("list-type=2" in p for p in paths) and "/d/large.bin" in paths
+    assert not any(p.startswith(f"/{bucket.name}") for p in paths), paths
+
+
+def test_an_addressing_style_in_the_aws_config_file_is_honoured_where_botocore_reads_it(
+    bucket, run_initializer, tmp_path
+):
+    bucket.put("d/a.txt", b"a")
+    port = urlsplit(bucket.endpoint).port
+    proxy = ForwardProxy(port)
+    (tmp_path / "home").mkdir(exist_ok=True)
+    (tmp_path / "home" / "aws-config").write_text("[default]\ns3 =\n  addressing_style = virtual\n")
+    try:
+        env = bucket.env("d", OUTPUT_PATH=str(tmp_path / "out"), ENDPOINT=f"http://s3.test:{port}",
+                         HTTP_PROXY=proxy.url,
+                         AWS_CONFIG_FILE=str(tmp_path / "home" / "aws-config"))  # fmt: skip
+        on_plane("botocore", env, tmp_path)
+        result = run_initializer("dataset", env=env)
+    finally:
+        proxy.stop()
+    assert result.code == 0, result.output
+    assert {host for _, host, _ in proxy.requests} == {f"{bucket.name}.s3.test:{port}"}

@@ -94,12 +94,23 @@ class BotocorePlane:
         return Config(
             region_name=region,
             signature_version=UNSIGNED if self.settings.anonymous else "s3v4",
-            s3={"addressing_style": "path" if self.settings.endpoint else "auto"},
+            s3={"addressing_style": self._addressing_style()},
             retries={"total_max_attempts": 1, "mode": "standard"},  # our RetryPolicy retries
             connect_timeout=min(10.0, self.settings.timeout),
             read_timeout=self.settings.timeout,
             max_pool_connections=self.settings.workers,
         )
+
+    def _addressing_style(self) -> str:
+        """The option's; else the AWS config file's (the profile's ``s3.addressing_style``);
+        else path-style on a custom endpoint (what MinIO, Ceph and R2 serve) and AWS's
+        choice on AWS."""
+        if self.settings.addressing_style:
+            return str(self.settings.addressing_style)
+        configured = (self._session.get_scoped_config().get("s3") or {}).get("addressing_style")
+        if configured in ("path", "virtual", "auto"):
+            return str(configured)
+        return "path" if self.settings.endpoint else "auto"
 
     def _make_client(self, region: str) -> Any:
         try:

@@ -66,9 +66,19 @@ OPTIONS = OptionGroup(
             "endpoint",
             "--endpoint",
             ("ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
-            "S3-compatible endpoint URL (MinIO, R2, Ceph, ...; path-style)",
+            "S3-compatible endpoint URL (MinIO, R2, Ceph, ...; path-style unless "
+            "--addressing-style says otherwise)",
             shown="AWS",
             locates=True,
+        ),
+        Option(
+            "addressing_style",
+            "--addressing-style",
+            ("S3_ADDRESSING_STYLE",),
+            "path (https://endpoint/bucket/key), virtual (https://bucket.endpoint/key), or auto: "
+            "path on a custom endpoint, AWS's choice on AWS; unset, the AWS config file's "
+            "s3.addressing_style where botocore reads it",
+            one_of("path", "virtual", "auto"),
         ),
         Option(
             "region",

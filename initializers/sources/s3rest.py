@@ -84,7 +84,11 @@ class RestPlane:
                 str(settings.access_key_id), str(settings.secret_access_key), settings.session_token
             )
         )
-        self.bucket_url = f"{endpoint}/{quote(bucket)}/"
+        if settings.addressing_style == "virtual":  # the bucket in the host name
+            parts = urlsplit(endpoint)
+            self.bucket_url = f"{parts.scheme}://{bucket}.{parts.netloc}{parts.path}/"
+        else:  # path-style: what "auto" means on a custom endpoint
+            self.bucket_url = f"{endpoint}/{quote(bucket)}/"
         split = urlsplit(self.bucket_url)
         self._origin = f"{split.scheme}://{split.netloc}"
         self._host = host_header(split)

@@ -66,6 +66,7 @@ class Chooser:
         self._seen = 0  # the listing's rows looked at so far
         self._skipped_seen = 0
         self._last = ""  # the greatest path seen (Order.KEYS)
+        self.repeated = 0  # keys a sorted listing gave twice in a row (Order.KEYS)
         self._held: list[tuple[int, str]] = []  # chosen, until the listing passes them
         self._folders = ""
         if self.order is not Order.TREE:
@@ -125,12 +126,20 @@ class Chooser:
         return False
 
     def _pass(self, batch: list[tuple[int, str]], chosen: list[tuple[int, str]]) -> list[int]:
-        """Order.KEYS: note the batch's folders, then release what the listing has passed."""
-        for _, path in batch:
+        """Order.KEYS: note the batch's folders, then release what the listing has passed.
+        A key given again right after itself (a server whose pages overlap by a key) is taken
+        once: two jobs for one path would have two writers."""
+        repeated = set()
+        for seq, path in batch:
             if path < self._last:
                 self._out_of_order(path)
                 return []
+            if path == self._last:
+                repeated.add(seq)
             self._last = path
+        if repeated:
+            self.repeated += len(repeated)
+            chosen = [(seq, path) for seq, path in chosen if seq not in repeated]
         self._add_folders(path for _, path in chosen)
         self._held.extend(chosen)
         passed = [(seq, path) for seq, path in self._held if path + "0" <= self._last]
@@ -214,6 +223,12 @@ class Chooser:
         """Once the listing is complete: what the patterns left out; NotFoundError when no file
         is left to fetch."""
         self._report_skipped()
+        if self.repeated:
+            log.warning(
+                "the listing gave %d key(s) twice in a row (pages that overlap): each was "
+                "fetched once",
+                self.repeated,
+            )
         if self.filtered_count:
             shown = ", ".join(self.filtered_out)
             more = self.filtered_count - len(self.filtered_out)

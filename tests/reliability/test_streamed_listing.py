@@ -10,6 +10,7 @@ a key that another key uses as a folder is still skipped, whichever page its fol
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import hashlib
 import threading
@@ -41,10 +42,20 @@ class Prefix:
         self.requests: Counter[int] = Counter()  # page -> listing requests
         self.gets: Counter[str] = Counter()  # key -> object GETs
         self.after_page: dict[int, list[str]] = {}  # page -> keys added once it was served
+        self.overlap = False  # each page starts with the previous page's last key again
 
-    def page(self, number: int) -> tuple[list[str], bool]:
-        start = number * PER_PAGE
-        return self.keys[start : start + PER_PAGE], start + PER_PAGE < len(self.keys)
+    def page(self, after: str) -> tuple[int, list[str], bool]:
+        """The page after key ``after`` ("" for the first), as S3 pages: by key, so a key
+        added meanwhile before the position is not listed and none is listed twice. Its
+        number is the pages before it."""
+        start = bisect.bisect_right(self.keys, after) if after else 0
+        if self.overlap and start:
+            start -= 1
+        return (
+            start // PER_PAGE,
+            self.keys[start : start + PER_PAGE],
+            start + PER_PAGE < len(self.keys),
+        )
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -61,14 +72,13 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, body_of(key), "application/octet-stream")
             return
         query = {k: v[0] for k, v in parse_qs(parts.query).items()}
-        number = int(query.get("continuation-token", "0"))
+        number, keys, more = prefix.page(query.get("continuation-token", ""))
         prefix.requests[number] += 1
         if prefix.failures.get(number, 0) > 0:
             prefix.failures[number] -= 1
             self._send(503, b"<Error><Code>SlowDown</Code></Error>", "application/xml")
             return
-        keys, more = prefix.page(number)
-        body = _listing(prefix, keys, number, more)
+        body = _listing(prefix, keys, more)
         # Added before the page goes out: the next page's request must find them there.
         for key in prefix.after_page.pop(number, []):
             prefix.keys = sorted([*prefix.keys, key])
@@ -86,14 +96,14 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-def _listing(prefix: Prefix, keys: list[str], number: int, more: bool) -> bytes:
+def _listing(prefix: Prefix, keys: list[str], more: bool) -> bytes:
     contents = "".join(
         f"<Contents><Key>{key}</Key>"
         f"<Size>{prefix.sizes.get(key, len(body_of(key)))}</Size>"
         f"<ETag>&quot;{hashlib.md5(body_of(key)).hexdigest()}&quot;</ETag></Contents>"
         for key in keys
     )
-    token = f"<NextContinuationToken>{number + 1}</NextContinuationToken>" if more else ""
+    token = f"<NextContinuationToken>{keys[-1]}</NextContinuationToken>" if more else ""
     return (
         '<?xml version="1.0"?><ListBucketResult><Name>bucket</Name>'
         f"<IsTruncated>{'true' if more else 'false'}</IsTruncated>{token}{contents}"
@@ -238,3 +248,18 @@ def test_a_key_used_as_a_folder_on_a_later_page_is_skipped_as_when_listed_whole(
     assert (out / "007").is_dir() and (out / "007-notes.txt").is_file()
     assert prefix.gets["d/007"] == 0
     assert _whole(out, [*keys, "d/007-notes.txt"]) and find_problems(out) == []
+
+
+def test_pages_that_repeat_the_previous_pages_last_key_fetch_each_file_once(
+    serve, run_initializer, tmp_path
+):
+    """A server whose pages overlap by a key (some S3-compatible stores, on a boundary): a key
+    given twice is one file with one writer, not two jobs racing for one name."""
+    prefix = Prefix(_keys(1500))
+    prefix.overlap = True
+    out = tmp_path / "out"
+    result = run_initializer("dataset", env=_env(serve(prefix), out))
+    assert result.code == 0, result.output
+    assert "gave 374 key(s) twice in a row" in result.stderr  # 5 a page, 4 of them new
+    assert set(prefix.gets.values()) == {1}, "every object fetched once"
+    assert _whole(out, prefix.keys) and find_problems(out) == []

@@ -102,6 +102,16 @@ class GroupCommit:
         with self._flushing:
             self._flush_pending()
 
+    def settle(self) -> None:
+        """Let a batch being committed in the background finish (a stop): its files are
+        renamed and then recorded, and a process ending between the two (``os._exit`` does not
+        wait for threads) left whole files under final names that no record named. What is
+        still queued stays queued: the rerun fetches it."""
+        with self._lock:
+            flusher = self._flusher
+        if flusher is not None:
+            flusher.join()
+
     def _batch_due(self) -> bool:
         return (
             len(self._pending) >= MAX_FILES

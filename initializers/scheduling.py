@@ -152,6 +152,9 @@ class Scheduler:
         batch = _Batch(self, fetcher, jobs, pools, progress)
         try:
             errors = batch.run()
+        except BaseException:
+            group.settle()
+            raise
         finally:
             for job in jobs:
                 job.close()
@@ -163,6 +166,7 @@ class Scheduler:
                 group.flush()
             raise real[0]
         if errors or self.stop.is_set():
+            group.settle()
             raise Interrupted(STOPPED)
         try:
             group.flush()

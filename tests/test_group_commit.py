@@ -104,6 +104,35 @@ def test_a_full_batch_is_committed_in_the_background_and_adding_never_waits_for_
     assert len(done) == commits.MAX_FILES + 1
 
 
+def test_a_stop_lets_the_batch_being_committed_finish_its_records_and_commits_no_more(
+    tmp_path, monkeypatch
+):
+    """A stop ends the process with ``os._exit``, which does not wait for the background
+    batch: between its renames and its records, whole files stood under final names that no
+    record named (CI, a SIGTERM spec under load). ``settle`` waits for that batch only."""
+    renamed = threading.Event()
+    real_replace = os.replace
+
+    def replace_then_pause(src: object, dst: object) -> None:
+        real_replace(src, dst)
+        renamed.set()
+        time.sleep(0.002)  # the batch is mid-way through its renames when the stop comes
+
+    monkeypatch.setattr(os, "replace", replace_then_pause)
+    group, done = GroupCommit(tmp_path, CommitLog(tmp_path)), []
+    for i in range(commits.MAX_FILES + 1):
+        fd, file = verified(tmp_path, f"f{i}", b"y", done)
+        group.add(fd, file)
+        os.close(fd)
+    assert renamed.wait(10)
+    group.settle()
+    final = {p.name for p in tmp_path.iterdir() if not p.name.startswith(".")}
+    recorded = set(CommitLog(tmp_path).load())
+    # Every file under its final name is recorded: the batch, and the last file if the
+    # flusher took it too (it waited past MAX_AGE on a slow machine).
+    assert final == recorded and len(final) >= commits.MAX_FILES
+
+
 def test_a_failure_committing_in_the_background_is_raised_by_the_next_add_and_by_flush(
     tmp_path, monkeypatch
 ):

@@ -77,11 +77,7 @@ def list_prefix(
     if not seen[0] and prefix and not prefix.endswith("/"):
         single = retry.call(lambda: lookup(prefix), prefix)
         if single is not None:
-            try:  # the object's own name must be as safe as any listed key
-                name = safe_relpath(prefix.rsplit("/", 1)[-1])
-            except UnsafePathError as exc:
-                return Listing(None, [], [(prefix, str(exc))])
-            return Listing(None, [remote(name, single)])
+            return one_object(prefix, single, remote)
     if not seen[0]:
         things, container = nouns
         raise NotFoundError(
@@ -89,3 +85,13 @@ def list_prefix(
             "(the prefix matches whole folder names)"
         )
     return listing
+
+
+def one_object(key: str, entry: Entry, remote: Callable[[str, Entry], RemoteFile]) -> Listing:
+    """The listing of the one object ``key`` names, under its own name (which must be as safe
+    as any listed key's, else it is skipped)."""
+    try:
+        name = safe_relpath(key.rsplit("/", 1)[-1])
+    except UnsafePathError as exc:
+        return Listing(None, [], [(key, str(exc))])
+    return Listing(None, [remote(name, entry)])

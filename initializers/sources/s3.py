@@ -22,12 +22,11 @@ from urllib.parse import quote, unquote, urlsplit
 
 from initializers import checksum as checksums
 from initializers.errors import NotFoundError, UsageError
-from initializers.fsutil import UnsafePathError, safe_relpath
 from initializers.native import NativeHttp, Streamed, read_roots
 from initializers.options import SourceSettings
 from initializers.sources import s3rest
 from initializers.sources.base import Checksum, Listing, RemoteFile, Source
-from initializers.sources.prefix import Entry, list_prefix, split_location
+from initializers.sources.prefix import Entry, list_prefix, one_object, split_location
 from initializers.sources.s3errors import host_header
 from initializers.sources.s3options import request_headers
 from initializers.sources.s3sign import S3HeaderSigner
@@ -138,24 +137,23 @@ class S3Source(Source):
     # -- listing --------------------------------------------------------------------------------
 
     def list(self) -> Listing:
+        key = self.location.prefix
         if self.location.version_id is not None:  # one object's version: never a listing
-            key = self.location.prefix
-            found = self._head_object(key)
+            found = self.retry.call(lambda: self._head_entry(key), key)
             if found is None:
                 raise NotFoundError(f"{self.describe()}: no such object or version")
-            try:  # the object's own name must be as safe as any listed key
-                name = safe_relpath(key.rsplit("/", 1)[-1])
-            except UnsafePathError as exc:
-                return Listing(None, [], [(key, str(exc))])
-            return Listing(None, [self._remote(name, key, found)])
+            return one_object(key, found, self._remote_entry)
         return list_prefix(
-            self.location.prefix,
+            key,
             where=self.describe(),
             retry=self.retry,
             list_folder=self._list_objects,
             lookup=self._head_entry,
-            remote=lambda path, entry: self._remote(path, entry.key, entry.meta),
+            remote=self._remote_entry,
         )
+
+    def _remote_entry(self, path: str, entry: Entry) -> RemoteFile:
+        return self._remote(path, entry.key, entry.meta)
 
     def _list_objects(self, folder: str) -> Iterator[Entry]:
         for o in self._plane.list_objects(folder):

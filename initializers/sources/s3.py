@@ -99,6 +99,7 @@ class S3Source(Source):
         self.settings = settings
         self.retry = settings.retry
         self._transport = HttpTransport.for_settings(settings)
+        self._object_headers = request_headers(settings, reads_object=True)  # once: per GET
         self._plane = self._control_plane()
         credentials = self._plane.credentials
         self._signer = S3HeaderSigner(credentials, self._plane.region) if credentials else None
@@ -216,7 +217,7 @@ class S3Source(Source):
         """A GET's headers, signed now. A whole-object GET asks for the object's additional
         checksum (S3 sends it only on those); ``If-Match`` pins the listed version."""
         signed = {"x-amz-checksum-mode": "ENABLED"} if whole else {}
-        signed.update(request_headers(self.settings, reads_object=True))
+        signed.update(self._object_headers)
         if self._signer is not None:
             signed = self._signer.sign(self._host, path, signed)
         return {**signed, "If-Match": f'"{version}"'} if version else signed

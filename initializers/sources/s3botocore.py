@@ -124,7 +124,8 @@ class BotocorePlane:
             raise UsageError(f"invalid S3 endpoint {self.settings.endpoint!r}: {exc}") from None
         # On every request, signed: who pays (HeadBucket's too, whose API takes no RequestPayer),
         # and on HEADs the SSE-C key.
-        client.meta.events.register("before-sign.s3", partial(_add_headers, self.settings))
+        extra = {reads: request_headers(self.settings, reads) for reads in (False, True)}
+        client.meta.events.register("before-sign.s3", partial(_add_headers, extra))
         return client
 
     def _discover_region(self) -> str:
@@ -249,8 +250,8 @@ def _skip_timestamp_parsing(session: botocore.session.Session) -> None:
 
 
 def _add_headers(
-    settings: SourceSettings, request: Any, operation_name: str = "", **_: Any
+    extra: dict[bool, dict[str, str]], request: Any, operation_name: str = "", **_: Any
 ) -> None:
-    reads = operation_name in ("HeadObject", "GetObject")
-    for name, value in request_headers(settings, reads_object=reads).items():
+    """``extra[reads an object]``: the headers S3's options add (who pays, the SSE-C key)."""
+    for name, value in extra[operation_name in ("HeadObject", "GetObject")].items():
         request.headers[name] = value

@@ -94,7 +94,7 @@ class RestPlane:
         self._host = host_header(split)
         self._path = split.path
         self._signer = S3HeaderSigner(self.credentials, self.region) if self.credentials else None
-        self._settings = settings
+        self._extra = {reads: request_headers(settings, reads) for reads in (False, True)}
         self._pinned = f"versionId={quote(version_id, safe='')}" if version_id else ""
 
     def list_objects(self, folder: str) -> Iterator[dict[str, Any]]:
@@ -176,7 +176,7 @@ class RestPlane:
     ) -> tuple[int, Any, bytes]:
         target = f"{path}?{query}" if query else path
         headers = dict(headers or {})
-        headers.update(request_headers(self._settings, reads_object=method == "HEAD"))
+        headers.update(self._extra[method == "HEAD"])
         if self._signer is not None:
             headers = self._signer.sign(self._host, target, headers, method=method)
         return self._transport.request(method, self._origin + target, headers, self.where)

@@ -28,6 +28,14 @@ def verified(dest: Path, name: str, body: bytes, done: list[str]) -> tuple[int, 
     return fd, file
 
 
+def queue_one_batch_and_one_more(group: GroupCommit, dest: Path, done: list[str]) -> None:
+    """A full batch (committed in the background) and a file left queued behind it."""
+    for i in range(commits.MAX_FILES + 1):
+        fd, file = verified(dest, f"f{i}", b"y", done)
+        group.add(fd, file)
+        os.close(fd)
+
+
 def test_final_names_appear_only_after_every_file_of_the_batch_is_fsynced(tmp_path, monkeypatch):
     seen_at_fsync: list[list[str]] = []
     real_fsync = os.fsync
@@ -92,10 +100,7 @@ def test_a_full_batch_is_committed_in_the_background_and_adding_never_waits_for_
 
     monkeypatch.setattr(os, "fsync", slow_fsync)
     group, done = GroupCommit(tmp_path, CommitLog(tmp_path)), []
-    for i in range(commits.MAX_FILES + 1):
-        fd, file = verified(tmp_path, f"f{i}", b"y", done)
-        group.add(fd, file)
-        os.close(fd)
+    queue_one_batch_and_one_more(group, tmp_path, done)
     assert done == []  # the batch is waiting for its fsyncs; the adds all returned
     release.set()
     assert wait_until(lambda: len(done) >= commits.MAX_FILES)  # without an explicit flush
@@ -120,10 +125,7 @@ def test_a_stop_lets_the_batch_being_committed_finish_its_records_and_commits_no
 
     monkeypatch.setattr(os, "replace", replace_then_pause)
     group, done = GroupCommit(tmp_path, CommitLog(tmp_path)), []
-    for i in range(commits.MAX_FILES + 1):
-        fd, file = verified(tmp_path, f"f{i}", b"y", done)
-        group.add(fd, file)
-        os.close(fd)
+    queue_one_batch_and_one_more(group, tmp_path, done)
     assert renamed.wait(10)
     group.settle()
     final = {p.name for p in tmp_path.iterdir() if not p.name.startswith(".")}

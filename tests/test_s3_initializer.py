@@ -42,6 +42,14 @@ def manifest(dest: Path) -> dict:
     return json.loads((dest / ".initializer-manifest.json").read_text())
 
 
+def put_small_and_ranged(bucket: Bucket) -> dict[str, bytes]:
+    """A small object (whole, on the native path) and one fetched in ranges, put under d/."""
+    files = {"d/small.txt": b"small", "d/large.bin": os.urandom(50 << 20)}
+    for key, body in files.items():
+        bucket.put(key, body)
+    return files
+
+
 def on_plane(plane: str, env: dict[str, str], tmp_path: Path) -> None:
     """Make ``env`` take the S3 control plane ``plane``: static keys take the signed REST
     calls ("signed-rest"); keys from the AWS credentials file take botocore's ("botocore")."""
@@ -668,9 +676,7 @@ def test_requester_pays_is_said_and_signed_on_every_request(
     """``--request-payer requester`` reaches every request a run makes (the listing, a HEAD,
     ranged GETs of a large object, whole GETs of small ones), signed, on both control planes:
     static keys use the signed REST calls, a credentials file botocore's."""
-    files = {"d/small.txt": b"small", "d/large.bin": os.urandom(50 << 20)}
-    for key, body in files.items():
-        bucket.put(key, body)
+    files = put_small_and_ranged(bucket)
     out = tmp_path / "out"
     proxy = FaultProxy(bucket.endpoint).start()
     try:
@@ -818,9 +824,7 @@ def test_virtual_hosted_addressing_puts_the_bucket_in_the_host_on_every_request(
     Host header: the listing, ranged GETs of a large object and whole GETs of small ones all
     name ``BUCKET.s3.test``, never the bucket in the path. The name is never resolved: a
     forward proxy on 127.0.0.1 (HTTP_PROXY) takes every request to moto."""
-    files = {"d/small.txt": b"small", "d/large.bin": os.urandom(50 << 20)}
-    for key, body in files.items():
-        bucket.put(key, body)
+    files = put_small_and_ranged(bucket)
     port = urlsplit(bucket.endpoint).port
     proxy = ForwardProxy(port)
     out = tmp_path / "out"

@@ -52,7 +52,7 @@ from initializers.shards import ShardSpec, sync_shard
 from initializers.shards import share as shard_share
 from initializers.sources import open_source
 from initializers.sources.base import Listing, RemoteFile, Source
-from initializers.unpack import archive_to_unpack, sync_archive
+from initializers.unpack import sync_layers
 
 log = logging.getLogger("initializers")
 
@@ -129,8 +129,8 @@ def _fetch(settings: Settings, stop: _StopOnSignal) -> None:
 
 
 class _Run:
-    """How a listing is fetched into a folder: unpacked (one archive), by shards, or by one
-    engine, streaming unless something needs the whole listing first."""
+    """How a listing is fetched into a folder: unpacked (an archive, an image's layers), by
+    shards, or by one engine, streaming unless something needs the whole listing first."""
 
     def __init__(
         self,
@@ -149,17 +149,17 @@ class _Run:
             settings.fallback_weights,
             settings.patterns_are_default,
         )
-        self.archive = archive_to_unpack(source, listing.files)
-        if self.archive is not None and settings.shards > 1:
-            raise UsageError(f"{self.where} is one archive, which one pod unpacks: drop SHARDS")
+        self.layered = source.layered(listing)
+        if self.layered is not None and settings.shards > 1:
+            raise UsageError(f"{self.where} is unpacked, which one pod does: drop SHARDS")
         self.spec = ShardSpec(settings.shards, settings.shard_index, settings.shard_run)
         whole = self.spec.count > 1 or settings.cache_dir is not None
         # What needs the whole listing before the first file: the byte-balanced shard plan,
         # the asset store's key, the weight-format fallback. Anything else streams.
-        if self.archive or whole or self.rules.needs_whole_listing:
+        if self.layered or whole or self.rules.needs_whole_listing:
             listing.complete()
         self.chosen: Iterable[RemoteFile] | None = None
-        if self.archive is not None:
+        if self.layered is not None:
             self.chosen = []
         elif whole:
             self.chosen = _choose(listing, self.rules, self.where)
@@ -183,9 +183,9 @@ class _Run:
 
     def fill(self, dest: Path) -> Outcome:
         revision = self.listing.revision
-        if self.archive is not None:
-            return sync_archive(
-                self.archive, dest, self.recorded, self.engine_for, self.choose, self.stop
+        if self.layered is not None:
+            return sync_layers(
+                self.layered, dest, self.recorded, self.engine_for, self.choose, self.stop
             )
         if self.chosen is None:
             chooser = Chooser(self.listing, self.rules, self.where)
@@ -258,9 +258,10 @@ def _dry_run(settings: Settings, source: Source, run: _Run) -> None:
     printer = Printer(settings.log_format == "json")
     dest, notes = settings.output, []
     revision, kind = run.listing.revision, settings.kind
-    if run.archive is not None:
-        notes.append(f"{run.archive.path} is an archive: a run fetches it and unpacks it")
-        printer.file("fetch", run.archive.path, run.archive.size)
+    if run.layered is not None:
+        for blob in run.layered.blobs:
+            printer.file("fetch", blob.path, blob.size)
+        notes.append("a run fetches these and unpacks them; what they hold is known only then")
     elif settings.cache_dir is not None:
         name = _entry_name(settings, source, run.listing)
         dest = AssetCache(settings.cache_dir).entries_dir / name

@@ -115,6 +115,10 @@ class Interrupted(InitializerError):
 STOPPED = "stopped by a signal; rerun to resume (fetched bytes are kept)"
 
 
+class TlsRefused(UsageError):
+    """The endpoint's certificate (or its TLS) was refused, by whichever client."""
+
+
 def tls_refused(what: str, variable: str | None = None) -> str:
     """The one line for a server certificate a client refused, whichever client: the fix is the
     endpoint's CA (``--ca-bundle``, or the environment ``variable`` the SDKs read too) or

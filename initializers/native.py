@@ -50,6 +50,7 @@ from initializers import processes
 from initializers.errors import (
     InitializerError,
     IntegrityError,
+    TlsRefused,
     TransientError,
     UsageError,
     tls_refused,
@@ -123,10 +124,6 @@ def _wait(future: concurrent.futures.Future[T], what: str) -> T:
             raise _stopped_error(what) from None
         except Exception as exc:
             raise classify(exc, what) from None
-
-
-class TlsRefused(UsageError):
-    """The endpoint's certificate was refused by the native client's TLS."""
 
 
 class NativeRefused(Exception):

@@ -33,8 +33,8 @@ from urllib3.exceptions import TimeoutError as Urllib3Timeout
 from initializers.errors import (
     InitializerError,
     IntegrityError,
+    TlsRefused,
     TransientError,
-    UsageError,
     tls_refused,
 )
 from initializers.httpstatus import check_answer, range_value
@@ -348,7 +348,7 @@ def classify_exception(exc: BaseException, what: str) -> Exception:
     """Map a urllib3/socket failure to a typed error, with a message free of URLs."""
     reason: BaseException = exc.reason if isinstance(exc, MaxRetryError) and exc.reason else exc
     if isinstance(reason, SSLError | ssl.SSLError):
-        return UsageError(tls_refused(what, "AWS_CA_BUNDLE"))
+        return TlsRefused(tls_refused(what, "AWS_CA_BUNDLE"))
     if isinstance(reason, ProxyError):
         return TransientError(f"{what}: the HTTP proxy refused or dropped the connection")
     if isinstance(reason, NewConnectionError):  # before TimeoutError: urllib3 subclasses it

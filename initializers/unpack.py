@@ -17,18 +17,22 @@ stream); a plain ``.tar`` has none beyond the archive's size and version.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import os
 import posixpath
 import shutil
 import stat
+import sys
 import tarfile
 import threading
 import zipfile
-from collections.abc import Callable, Iterable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from itertools import islice
+from functools import partial
 from pathlib import Path
 from typing import IO
 
@@ -37,7 +41,7 @@ from isal import igzip, isal_zlib
 from initializers.commits import GroupCommit, Verified
 from initializers.destination import destination_lock, inside, storage_error
 from initializers.engine import Engine, Outcome
-from initializers.errors import IntegrityError, Interrupted, LocalStorageError
+from initializers.errors import IntegrityError, Interrupted, LocalStorageError, NotFoundError
 from initializers.fsutil import (
     UnsafePathError,
     fsync_dir,
@@ -55,28 +59,17 @@ from initializers.manifest import (
     write_manifest,
 )
 from initializers.progress import human_bytes
-from initializers.sources.base import RemoteFile, Source
+from initializers.sources.base import Layer, Layered, RemoteFile
 
 log = logging.getLogger(__name__)
 
 STAGING = ".initializer-archive"
 GZIP_MAGIC = b"\x1f\x8b"
-SUFFIXES = (".tar", ".tar.gz", ".tgz", ".zip")
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 COPY_CHUNK = 1 << 20
-
-
-def is_archive(name: str) -> bool:
-    return name.lower().endswith(SUFFIXES)
-
-
-def archive_to_unpack(source: Source, files: Iterable[RemoteFile]) -> RemoteFile | None:
-    """The one file to unpack, when the source unpacks archives and lists just one."""
-    if not source.unpacks_archives:
-        return None
-    first_two = list(islice(files, 2))
-    if len(first_two) == 1 and is_archive(first_two[0].path):
-        return first_two[0]
-    return None
+WHITEOUT = ".wh."
+OPAQUE = ".wh..wh..opq"  # a folder whose lower layers' content is hidden
+MAX_LINK_HOPS = 40
 
 
 @dataclass(frozen=True)
@@ -88,17 +81,28 @@ class Member:
     kind: str  # "file", "dir", "link" (a symlink or hard link), "other"
     target: str | None  # a link's target, from the archive's root; None when it leaves it
     open: Callable[[], IO[bytes]]
+    staged: Path | None = None  # a whole verified blob placed as it is: renamed, not copied
 
 
-def sync_archive(
-    archive: RemoteFile,
+@dataclass(frozen=True)
+class _Placed:
+    """A member where it lands in the tree: from which layer, at which place in it."""
+
+    layer: int
+    position: int
+    member: Member
+
+
+def sync_layers(
+    plan: Layered,
     dest: Path,
     source_uri: str,
     make_engine: Callable[[Path], Engine],
     choose: Callable[[list[RemoteFile]], list[RemoteFile]],
     stop: threading.Event,
 ) -> Outcome:
-    """Fetch ``archive`` into the staging folder, unpack it into ``dest``, write the manifest."""
+    """Fetch the plan's blobs into the staging folder, unpack them into ``dest``, write the
+    manifest; nothing at all when the manifest says this revision is already there."""
     try:
         dest.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -108,27 +112,25 @@ def sync_archive(
         if (
             old is not None
             and old.source == source_uri
-            and old.revision == archive.version
+            and old.revision == plan.revision
             and all(record_is_intact(dest, path, record) for path, record in old.files.items())
         ):
             total = sum(record.size for record in old.files.values())
             return Outcome(len(old.files), 0, total, 0, up_to_date=True)
         staging = dest / STAGING
-        fetched = make_engine(staging).sync([archive], source_uri, archive.version)
+        fetched = make_engine(staging).sync(plan.blobs, source_uri, plan.revision)
         remove_manifest(dest)
-        records = unpack(staging / archive.path, dest, archive.version, choose, stop)
+        records = unpack_layers(plan, staging, dest, choose, stop)
         for path in sorted(set(old.files) - set(records) if old else ()):
             target = dest / path
             if inside(dest, target) and target.is_file() and not target.is_symlink():
                 target.unlink()
         try:
-            write_manifest(
-                dest, Manifest(source=source_uri, revision=archive.version, files=records)
-            )
+            write_manifest(dest, Manifest(source=source_uri, revision=plan.revision, files=records))
         except OSError as exc:
             raise storage_error(exc, dest) from None
         shutil.rmtree(staging, ignore_errors=True)
-    log.info("unpacked %s", archive.path)
+    log.info("unpacked %s", ", ".join(_layer_name(layer) for layer in plan.layers))
     fetched.files_total = fetched.files_fetched = len(records)
     fetched.bytes_total = _total(records)
     return fetched
@@ -141,33 +143,60 @@ def unpack(
     choose: Callable[[list[RemoteFile]], list[RemoteFile]],
     stop: threading.Event,
 ) -> dict[str, FileRecord]:
-    """Write the archive's safe members that ``choose`` keeps into ``dest``; returns their
-    manifest records. The whole member list is read first (for a compressed tar, one more
-    pass over the stream): the allow/ignore patterns and the weights preference need it."""
-    with _ArchiveMembers(archive) as all_members:
-        members: dict[str, Member] = {}
-        for member in all_members:
-            name = _checked_name(member)
-            if name is None or member.kind == "dir":
-                continue
-            if name in members:
-                log.warning("skipped %r: it appears twice in the archive; the first is kept", name)
-                continue
-            members[name] = member
-        if not members:
-            raise IntegrityError(f"{archive.name} holds no file that can be unpacked safely")
-        chosen = choose([RemoteFile(name, m.size, version) for name, m in members.items()])
-        _check_room(archive, dest, chosen)
+    """Write one archive's safe members that ``choose`` keeps into ``dest``."""
+    blob = RemoteFile(archive.name, archive.stat().st_size, version)
+    return unpack_layers(Layered((Layer(blob),), version), archive.parent, dest, choose, stop)
+
+
+def unpack_layers(
+    plan: Layered,
+    staging: Path,
+    dest: Path,
+    choose: Callable[[list[RemoteFile]], list[RemoteFile]],
+    stop: threading.Event,
+) -> dict[str, FileRecord]:
+    """Write the tree the plan's layers make (their safe members that ``choose`` keeps) into
+    ``dest``; returns their manifest records. Every layer's member list is read first (for a
+    compressed tar, one more pass over its stream): what later layers remove, the allow/ignore
+    patterns and the weights preference need the whole tree. Members are then written layer by
+    layer in archive order, so a compressed stream is read forward."""
+    with contextlib.ExitStack() as layers:
+        tree: dict[str, _Placed] = {}
+        for index, layer in enumerate(plan.layers):
+            members = (
+                _placed_file(layer, staging)
+                if layer.name
+                else layers.enter_context(_ArchiveMembers(staging / layer.blob.path))
+            )
+            for position, member in enumerate(members):
+                if _wanted(member.name, plan.root):
+                    _apply(tree, _Placed(index, position, member), plan.whiteouts)
+        kept = _resolve_links(tree)
+        if plan.root:
+            prefix = f"{plan.root}/"
+            kept = {n.removeprefix(prefix): p for n, p in kept.items() if n.startswith(prefix)}
+        if not kept:
+            where = f" under {plan.root}/" if plan.root else ""
+            raise NotFoundError(
+                f"{_names(plan)} holds no file{where} that can be unpacked safely"
+                + ("; name the folder to keep as the URI's sub-path" if plan.root else "")
+            )
+        chosen = choose([RemoteFile(n, p.member.size, plan.revision) for n, p in kept.items()])
+        _check_room(_names(plan), dest, chosen)
         log.info(
             "unpacking %s: %d files, %s",
-            archive.name,
+            _names(plan),
             len(chosen),
             human_bytes(sum(f.size for f in chosen)),
         )
         commits = CommitLog(dest)
         group = GroupCommit(dest, commits)
-        for file in chosen:
-            _write_member(dest, file.path, members[file.path], group, version, stop)
+        uses = Counter(id(kept[f.path].member) for f in chosen)
+        for file in sorted(chosen, key=lambda f: (kept[f.path].layer, kept[f.path].position)):
+            member = kept[file.path].member
+            uses[id(member)] -= 1
+            last_use = uses[id(member)] == 0
+            _write_member(dest, file.path, member, group, plan.revision, stop, last_use)
     try:
         group.flush()
     except OSError as exc:
@@ -178,14 +207,92 @@ def unpack(
     return group.records
 
 
-def _check_room(archive: Path, dest: Path, chosen: list[RemoteFile]) -> None:
+def _placed_file(layer: Layer, staging: Path) -> list[Member]:
+    """A blob that is one file: a member named as the layer says, its bytes the staged blob."""
+    staged = staging / layer.blob.path
+    return [Member(layer.name, layer.blob.size, "file", None, staged.open, staged=staged)]
+
+
+def _wanted(raw: str, root: str) -> bool:
+    """Whether a member can matter to the folder ``root`` ("": everything): one inside it, or
+    a whiteout that may remove it. Others are passed over without a word (a container image
+    holds a whole system, whose devices and absolute links are nobody's concern here)."""
+    name = raw.removeprefix("./").lstrip("/")
+    if not root or name == root or name.startswith(f"{root}/"):
+        return True
+    return posixpath.basename(name.rstrip("/")).startswith(WHITEOUT)
+
+
+def _apply(tree: dict[str, _Placed], placed: _Placed, whiteouts: bool) -> None:
+    """Lay one member over the tree the layers below it made."""
+    member = placed.member
+    name = _checked_name(member)
+    if name is None:
+        return
+    if whiteouts:
+        folder, base = posixpath.split(name)
+        if base == OPAQUE:
+            _remove_below(tree, f"{folder}/" if folder else "", placed.layer)
+            return
+        if base.startswith(WHITEOUT):
+            hidden = posixpath.join(folder, base[len(WHITEOUT) :])
+            tree.pop(hidden, None)
+            _remove_below(tree, f"{hidden}/", placed.layer)
+            return
+        tree.pop(name, None)  # a file or folder replaces what was there, and all under it
+        _remove_below(tree, f"{name}/", placed.layer)
+        if member.kind != "dir":
+            tree[name] = placed
+        return
+    if member.kind == "dir":
+        return
+    if name in tree:
+        log.warning("skipped %r: it appears twice in the archive; the first is kept", name)
+        return
+    tree[name] = placed
+
+
+def _remove_below(tree: dict[str, _Placed], prefix: str, layer: int) -> None:
+    """Drop what layers below ``layer`` put under the folder ``prefix`` ("": the root)."""
+    for name in [n for n, p in tree.items() if n.startswith(prefix) and p.layer < layer]:
+        del tree[name]
+
+
+def _resolve_links(tree: dict[str, _Placed]) -> dict[str, _Placed]:
+    """The tree with each link replaced by a copy of the file it leads to (no link is ever
+    made on disk); a link to nothing the tree holds is skipped with a warning."""
+    kept: dict[str, _Placed] = {}
+    for name, placed in tree.items():
+        target, hops = placed, 0
+        while target.member.kind == "link" and hops < MAX_LINK_HOPS:
+            found = tree.get(target.member.target or "")
+            if found is None:
+                break
+            target, hops = found, hops + 1
+        if target.member.kind != "file":
+            log.warning("skipped %r: a link to a file the unpacked tree does not hold", name)
+            continue
+        kept[name] = target  # written where its data is read: a stream is read forward
+    return kept
+
+
+def _layer_name(layer: Layer) -> str:
+    return layer.name or layer.blob.path
+
+
+def _names(plan: Layered) -> str:
+    names = [_layer_name(layer) for layer in plan.layers]
+    return names[0] if len(names) == 1 else f"{len(names)} layers"
+
+
+def _check_room(what: str, dest: Path, chosen: list[RemoteFile]) -> None:
     """Refuse, before writing anything, an archive that unpacks to more than the free space:
     the declared sizes are what gets written (each member's reader stops at its size)."""
     free = shutil.disk_usage(dest).free
     needed = sum(file.size for file in chosen)
     if needed > free:
         raise LocalStorageError(
-            f"{archive.name} unpacks to {human_bytes(needed)} but {dest} has "
+            f"{what} unpacks to {human_bytes(needed)} but {dest} has "
             f"{human_bytes(free)} free; use a bigger volume, or check the archive is what "
             "you meant to fetch"
         )
@@ -227,7 +334,10 @@ def _write_member(
     group: GroupCommit,
     version: str | None,
     stop: threading.Event,
+    last_use: bool = True,
 ) -> None:
+    if stop.is_set():
+        raise Interrupted("stopped by a signal while unpacking; rerun to finish")
     final = dest / name
     try:
         make_room_for(dest, final, None, "the archive")
@@ -235,33 +345,45 @@ def _write_member(
         raise storage_error(exc, final) from None
     part = part_path(final)
     try:
-        fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        if member.staged is not None and last_use:  # a verified blob: moved, not copied
+            os.replace(member.staged, part)
+            fd = os.open(part, os.O_RDWR | os.O_NOFOLLOW)
+        else:
+            fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
     except OSError as exc:
         raise storage_error(exc, final) from None
     try:
-        size = 0
-        try:
-            with member.open() as body:
-                while chunk := body.read(COPY_CHUNK):
-                    if stop.is_set():  # SIGTERM: within a chunk, even inside a huge member
-                        raise Interrupted("stopped by a signal while unpacking; rerun to finish")
-                    view = memoryview(chunk)
-                    while view:
-                        view = view[os.write(fd, view) :]
-                    size += len(chunk)
-        except (OSError, EOFError, zipfile.BadZipFile, tarfile.TarError, isal_zlib.error) as exc:
-            if isinstance(exc, OSError) and exc.errno is not None:
-                raise storage_error(exc, final) from None
-            raise IntegrityError(
-                f"{name}: the archive is damaged ({exc}); fetch it again"
-            ) from None
+        size = os.fstat(fd).st_size if member.staged and last_use else _copy(member, fd, stop)
         if member.kind == "file" and size != member.size:
             raise IntegrityError(
                 f"{name}: the archive says {member.size} bytes, its data has {size}"
             )
         group.add(fd, Verified(name, part, final, size, None, version, on_commit=lambda: None))
+    except OSError as exc:
+        raise storage_error(exc, final) from None
     finally:
         os.close(fd)
+
+
+def _copy(member: Member, fd: int, stop: threading.Event) -> int:
+    """Write the member's data to ``fd``; the number of bytes written."""
+    size = 0
+    try:
+        with member.open() as body:
+            while chunk := body.read(COPY_CHUNK):
+                if stop.is_set():  # SIGTERM: within a chunk, even inside a huge member
+                    raise Interrupted("stopped by a signal while unpacking; rerun to finish")
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view) :]
+                size += len(chunk)
+    except OSError as exc:
+        if exc.errno is not None:  # the disk's, not the archive's
+            raise
+        raise _damaged(member, exc) from None
+    except (EOFError, zipfile.BadZipFile, tarfile.TarError, isal_zlib.error, _zstd_errors()) as exc:
+        raise _damaged(member, exc) from None
+    return size
 
 
 class _ArchiveMembers(AbstractContextManager["Iterator[Member]"]):
@@ -278,14 +400,24 @@ class _ArchiveMembers(AbstractContextManager["Iterator[Member]"]):
                 self._archive = zipfile.ZipFile(self._path)
                 return _zip_members(self._archive)
             with self._path.open("rb") as head:
-                gzipped = head.read(2) == GZIP_MAGIC
-            if gzipped:  # through ISA-L's gunzip: 2.6x the speed of tarfile's (zlib) here
+                magic = head.read(4)
+            if magic.startswith(GZIP_MAGIC):  # ISA-L's gunzip: 2.6x the speed of zlib's here
                 self._gunzipped = igzip.open(self._path, "rb")
+                self._archive = tarfile.open(fileobj=self._gunzipped, mode="r:")
+            elif magic == ZSTD_MAGIC:  # an OCI layer's tar+zstd
+                self._gunzipped = _Restartable(partial(_zstd_reader, self._path))
                 self._archive = tarfile.open(fileobj=self._gunzipped, mode="r:")
             else:
                 self._archive = tarfile.open(self._path, "r:*")
             return _tar_members(self._archive)
-        except (OSError, EOFError, zipfile.BadZipFile, tarfile.TarError, isal_zlib.error) as exc:
+        except (
+            OSError,
+            EOFError,
+            zipfile.BadZipFile,
+            tarfile.TarError,
+            isal_zlib.error,
+            _zstd_errors(),
+        ) as exc:
             raise IntegrityError(f"{self._path.name} is not a readable archive ({exc})") from None
 
     def __exit__(self, *exc: object) -> None:
@@ -293,6 +425,63 @@ class _ArchiveMembers(AbstractContextManager["Iterator[Member]"]):
             self._archive.close()
         if self._gunzipped is not None:  # tarfile leaves a file object it was given open
             self._gunzipped.close()
+
+
+def _damaged(member: Member, exc: BaseException) -> IntegrityError:
+    return IntegrityError(f"{member.name}: the archive is damaged ({exc}); fetch it again")
+
+
+def _zstd_reader(path: Path) -> IO[bytes]:
+    import zstandard  # only a tar+zstd layer needs it
+
+    return zstandard.ZstdDecompressor().stream_reader(path.open("rb"), closefd=True)
+
+
+def _zstd_errors() -> type[Exception]:
+    zstandard = sys.modules.get("zstandard")  # imported only once a zstd layer is opened
+    return zstandard.ZstdError if zstandard is not None else IntegrityError
+
+
+class _Restartable(io.RawIOBase):
+    """A decompressed stream tarfile can seek in: forward by reading on, back by starting over
+    (a member list is read first, then the members' data: one more pass)."""
+
+    def __init__(self, reopen: Callable[[], IO[bytes]]) -> None:
+        self._reopen = reopen
+        self._stream = reopen()
+        self._position = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        count = self._stream.readinto(buffer)  # type: ignore[attr-defined]
+        self._position += count
+        return count
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence not in (io.SEEK_SET, io.SEEK_CUR):
+            raise OSError("a compressed stream cannot seek from its end")
+        target = offset if whence == io.SEEK_SET else self._position + offset
+        if target < self._position:
+            self._stream.close()
+            self._stream, self._position = self._reopen(), 0
+        while self._position < target:
+            skipped = self._stream.read(min(COPY_CHUNK, target - self._position))
+            if not skipped:
+                break
+            self._position += len(skipped)
+        return self._position
+
+    def close(self) -> None:
+        self._stream.close()
+        super().close()
 
 
 def _tar_members(archive: tarfile.TarFile) -> Iterator[Member]:

@@ -43,6 +43,11 @@ REGISTRY: dict[str, Scheme] = {
         "reinstall the initializers package",
         f"{_SOURCES}.azureoptions",
     ),
+    "oci": Scheme(
+        f"{_SOURCES}.oci:OciSource",
+        "reinstall the initializers package",
+        f"{_SOURCES}.ocioptions",
+    ),
     "file": Scheme(f"{_SOURCES}.local:LocalSource", "reinstall the initializers package"),
     "https": Scheme(f"{_SOURCES}.web:WebSource", "pip install urllib3", f"{_SOURCES}.weboptions"),
     "http": Scheme(f"{_SOURCES}.web:WebSource", "pip install urllib3", f"{_SOURCES}.weboptions"),

@@ -82,10 +82,53 @@ class Listing:
             self.rest = None
 
 
+ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".zip")
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One blob of a :class:`Layered` listing: an archive to unpack, or one file to place."""
+
+    blob: RemoteFile  # fetched (verified, resumable) into a staging folder under blob.path
+    name: str = ""  # a file to place: its path in the tree; "": an archive, unpacked
+
+
+@dataclass(frozen=True)
+class Layered:
+    """Blobs that make the tree only together: fetched first, then unpacked in order.
+
+    A single archive fetched by URL is one layer; an OCI artifact, one layer per blob; a
+    container image, its layers with their whiteouts (a ``.wh.NAME`` entry removes what a
+    lower layer wrote)."""
+
+    layers: tuple[Layer, ...]
+    revision: str | None  # what the manifest records: a rerun against the same does nothing
+    root: str = ""  # keep only what is under this folder, named relative to it
+    whiteouts: bool = False  # a container image's layers: later layers replace and remove
+
+    @property
+    def blobs(self) -> list[RemoteFile]:
+        """Each blob once (two layers may share one)."""
+        return list({layer.blob.path: layer.blob for layer in self.layers}.values())
+
+
 class Source(ABC):
     """A storage backend, selected by URI scheme through :mod:`initializers.sources`."""
 
     unpacks_archives = False  # a single .tar/.tar.gz/.tgz/.zip it lists is unpacked (KServe's rule)
+
+    def layered(self, listing: Listing) -> Layered | None:
+        """What the listing makes only once unpacked; None for files fetched as they are.
+        By default the one archive a source that ``unpacks_archives`` lists, alone."""
+        if not self.unpacks_archives or listing.rest is not None:
+            return None
+        files = listing.files
+        if len(files) != 1:
+            return None
+        only = next(iter(files))
+        if not only.path.lower().endswith(ARCHIVE_SUFFIXES):
+            return None
+        return Layered((Layer(only),), only.version)
 
     @classmethod
     @abstractmethod

@@ -63,7 +63,8 @@ COMMON = OptionGroup(
             ("STORAGE_URI",),
             "what to fetch: hf://[datasets/]org/repo[@revision][/path], s3://bucket/prefix, "
             "gs://bucket/prefix, az://container/prefix, https://host/file[.tar.gz|.zip] (a "
-            "#sha256=<hex> fragment pins its content), file:///folder",
+            "#sha256=<hex> fragment pins its content), file:///folder, "
+            "oci://registry/repository:tag or @sha256:<digest>[/path]",
             shown="(required)",
         ),
         Option("output", "--output", ("OUTPUT_PATH",), "destination folder", Path),

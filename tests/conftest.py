@@ -27,6 +27,8 @@ from tests.servers.azurite import executable as azurite_executable
 from tests.servers.files import FileServer, file_server
 from tests.servers.gcs import GcsEmulator
 from tests.servers.hub import HubServer
+from tests.servers.registry import Registry
+from tests.servers.registry import missing_tools as registry_missing_tools
 
 ACCESS_KEY = "AKIATESTKEY0000000"
 SECRET_KEY = "test-secret-key-do-not-leak-7d1f"
@@ -215,6 +217,21 @@ def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
 def azurite_oauth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
     """Azurite over HTTPS with its OAuth check on, for bearer tokens."""
     yield from _azurite(tmp_path_factory, https=True)
+
+
+@pytest.fixture(scope="session")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    """A real OCI registry (Distribution: Debian's docker-registry) on 127.0.0.1, plain http,
+    no auth; each spec pushes to repositories of its own. CI installs what it needs, so
+    there a missing tool is a failure, not a skip."""
+    missing = registry_missing_tools()
+    if missing:
+        message = f"the OCI registry specs need {', '.join(missing)} (.ci/run installs them)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    with Registry(tmp_path_factory.mktemp("registry")) as server:
+        yield server
 
 
 @pytest.fixture

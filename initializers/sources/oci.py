@@ -24,7 +24,7 @@ from typing import Any, Self
 
 from initializers.errors import AuthError, IntegrityError, NotFoundError, TlsRefused, UsageError
 from initializers.fsutil import UnsafePathError, safe_relpath
-from initializers.httpstatus import status_error
+from initializers.httpstatus import is_transient, status_error, transient
 from initializers.options import SourceSettings
 from initializers.sources.base import (
     Checksum,
@@ -171,6 +171,8 @@ class OciSource(Source):
             for _ in range(AUTH_ATTEMPTS):
                 sent = {**headers, **self._auth.headers()}
                 status, answer, body = self._transport.request("GET", url, sent, what)
+                if is_transient(status):  # retried here, with the wait it asks for
+                    raise transient(f"{what}: HTTP {status}", answer)
                 if status != 401:
                     return status, answer, body
                 self._auth.refused(sent, answer)

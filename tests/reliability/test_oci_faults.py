@@ -1,0 +1,97 @@
+"""oci:// under a bad network and kills: random faults between the initializer and a real
+registry leave a byte-identical tree; a blob cut by a kill resumes from its journal; a SIGTERM
+mid-blob stops at once with nothing under a final name."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from initializers.manifest import find_problems
+from tests.reliability.conftest import assert_identical, dataset, stop_with_sigterm
+from tests.servers.faultproxy import every_fault
+from tests.servers.registry import Registry, tar_bytes, write_layout
+
+MIB = 1 << 20
+
+
+def push(registry: Registry, tmp_path: Path, target: str, files: dict[str, bytes]) -> None:
+    folder = tmp_path / f"push-{target.replace('/', '-').replace(':', '-')}"
+    for name, body in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(body)
+    registry.push_files(target, folder, sorted(files))
+
+
+def args(host: str, target: str, out: Path) -> tuple[str, ...]:
+    return ("--storage-uri", f"oci://{host}/{target}", "--output", str(out))
+
+
+def test_random_faults_between_the_initializer_and_a_registry_leave_a_byte_identical_tree(
+    registry, proxies, run_initializer, tmp_path
+):
+    files = dataset(61, {"model.safetensors": 48 * MIB, "config.json": 900, "vocab.json": 70_000})
+    push(registry, tmp_path, "faults/files:v1", files)
+    members = dataset(62, {f"models/part-{i}.json": 30_000 + i for i in range(6)})
+    layout = tmp_path / "modelcar"
+    write_layout(
+        layout,
+        [tar_bytes(dict(members))],
+        layer_media_type="application/vnd.oci.image.layer.v1.tar+gzip",
+    )
+    registry.push_layout(layout, "faults/modelcar:v1")
+    proxy = proxies(registry.url, seed=63, share=0.35, faults=every_fault(stall_seconds=30))
+    host = proxy.url.removeprefix("http://")
+    expected_modelcar = {name.removeprefix("models/"): body for name, body in members.items()}
+    for target, expected, out in (
+        ("faults/files:v1", files, tmp_path / "files"),
+        ("faults/modelcar:v1", expected_modelcar, tmp_path / "modelcar-out"),
+    ):
+        env = {"OCI_INSECURE_REGISTRIES": host, "TIMEOUT": "1"}
+        result = run_initializer("model", *args(host, target, out), env=env)
+        assert result.code == 0, result.output
+        assert_identical(out, expected)
+        assert find_problems(out) == []
+    assert proxy.total_injected > 0
+
+
+def test_a_blob_cut_by_a_kill_resumes_from_its_journal(
+    registry, proxies, launch, run_initializer, tmp_path
+):
+    files = dataset(64, {"model.safetensors": 96 * MIB})
+    push(registry, tmp_path, "kills/model:v1", files)
+    slow = proxies(registry.url, rate=12 * MIB)  # per connection: the fetch takes seconds
+    host = slow.url.removeprefix("http://")
+    out = tmp_path / "model"
+    env = {"OCI_INSECURE_REGISTRIES": host}
+    live = launch("model", *args(host, "kills/model:v1", out), env=env)
+    live.wait_for("fetching 1 of 1 files")
+    while slow.body_bytes < 24 * MIB:
+        live.proc.poll()
+        assert live.proc.returncode is None, live.stderr
+        time.sleep(0.05)
+    live.kill()
+    assert (out / ".model.safetensors.part.journal").exists()
+    served_before = slow.body_bytes
+    rerun = run_initializer("model", *args(host, "kills/model:v1", out), env=env)
+    assert rerun.code == 0, rerun.output
+    assert "resuming" in rerun.stderr, rerun.stderr
+    assert_identical(out, files)
+    assert slow.body_bytes - served_before < 96 * MIB - 8 * MIB  # kept bytes not fetched again
+
+
+def test_a_sigterm_mid_blob_stops_at_once_and_leaves_nothing_under_its_name(
+    registry, proxies, launch, tmp_path
+):
+    files = dataset(65, {"model.safetensors": 64 * MIB})
+    push(registry, tmp_path, "kills/stopped:v1", files)
+    slow = proxies(registry.url, rate=4 * MIB)
+    host = slow.url.removeprefix("http://")
+    out = tmp_path / "model"
+    live = launch(
+        "model", *args(host, "kills/stopped:v1", out), env={"OCI_INSECURE_REGISTRIES": host}
+    )
+    live.wait_for("fetching 1 of 1 files")
+    while slow.body_bytes < 4 * MIB:
+        time.sleep(0.05)
+    stop_with_sigterm(live, out / "model.safetensors", within=5)

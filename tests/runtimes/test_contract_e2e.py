@@ -30,6 +30,7 @@ import pytest
 from initializers.manifest import find_problems
 from tests.runtimes import controller, manifests, pods, render
 from tests.servers.hub import HubServer
+from tests.servers.registry import tar_bytes, write_layout
 
 Obj = dict[str, Any]
 STEPS = manifests.INITIALIZER_STEPS
@@ -43,6 +44,8 @@ TEST_SECRETS = {
     "SECRET_ACCESS_KEY": "runtime-contract-secret-do-not-leak",
     "HF_TOKEN": TEST_HF_TOKEN,
     "ACCESS_TOKEN": TEST_HF_TOKEN,
+    # An imagePullSecret's key; the local registry asks for no credentials, so any valid config
+    ".dockerconfigjson": '{"auths": {}}',
 }
 WORKSPACE_PATH = re.compile(r"/workspace(?:/[^\s,=:]*)?")
 # What a trainer argument needs inside the folder it names, beyond existing.
@@ -102,6 +105,15 @@ def seed(uri: str, step: str, gated: bool, hub: HubServer, s3: Any, cloud: Any =
     its files only to the test token, as Llama's does to accounts that accepted its licence.
     ``cloud`` looks up the GCS and Azure emulators by scheme, started only when asked for."""
     scheme, _, location = uri.partition("://")
+    if scheme == "oci":  # a modelcar: the files under /models of an image
+        registry = cloud("oci")
+        target = location.split("/", 1)[1]
+        layout = registry.root / "layouts" / target.replace("/", "-").replace(":", "-")
+        if not layout.exists():
+            files = {f"models/{name}": body for name, body in _files_for(step).items()}
+            write_layout(layout, [tar_bytes(dict(files))])
+            registry.push_layout(layout, target)
+        return
     if scheme in ("gs", "az"):
         bucket, _, prefix = location.partition("/")
         emulator = cloud(scheme)
@@ -154,7 +166,9 @@ def point_at_local_servers(
 ) -> Obj:
     """The TrainJob with endpoint env upserted into each initializer that fetches something:
     for GCS the emulator's address; for Azure a connection string naming the emulator (its
-    development key stands in for the workload identity that cannot run here)."""
+    development key stands in for the workload identity that cannot run here); for an OCI
+    registry, the local registry's address in place of the example's (as a private mirror's
+    would be), named as a plain-http one."""
     local = copy.deepcopy(train_job)
     initializer = local["spec"].setdefault("initializer", {})
     for step, field in controller.STEP_FIELD.items():
@@ -169,6 +183,10 @@ def point_at_local_servers(
         elif uri.startswith("az://"):
             connection = cloud("az").connection_string()
             endpoint = {"name": "AZURE_STORAGE_CONNECTION_STRING", "value": connection}
+        elif uri.startswith("oci://"):
+            host = cloud("oci").host
+            spec["storageUri"] = "oci://" + "/".join([host, *uri.split("/")[3:]])
+            endpoint = {"name": "OCI_INSECURE_REGISTRIES", "value": host}
         else:
             endpoint = {"name": "ENDPOINT", "value": s3_endpoint}
         spec["env"] = controller.upsert_env(spec.get("env", []), [endpoint])
@@ -272,7 +290,8 @@ def test_example_trainjob_gets_its_assets_where_its_trainer_reads_them(
     runtime = rendered_runtime(train_job["spec"]["runtimeRef"]["name"], variant)
 
     def cloud(scheme: str) -> Any:
-        return request.getfixturevalue({"gs": "gcs_emulator", "az": "azurite"}[scheme])
+        fixtures = {"gs": "gcs_emulator", "az": "azurite", "oci": "registry"}
+        return request.getfixturevalue(fixtures[scheme])
 
     train_job = point_at_local_servers(train_job, secrets, runtime, hub, s3_endpoint, cloud)
     for step in STEPS:

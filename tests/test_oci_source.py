@@ -364,3 +364,28 @@ def test_a_token_registry_is_answered_with_a_pull_token_for_the_repository(
     assert scopes == {"repository:private/tokened:pull"}
     anonymous = fetch(run_initializer, token_registry, "private/tokened:v1", tmp_path / "anon")
     assert anonymous.code == 3
+
+
+def test_blob_redirects_to_object_storage_are_followed_without_the_registry_credentials(
+    registry, web, model_folder, run_initializer, tmp_path
+):
+    with Registry(tmp_path / "redirecting", auth="basic", blob_redirect=web.url) as redirecting:
+        redirecting.push_files("private/redirected:v1", model_folder, list(MODEL))
+        for body in MODEL.values():  # the "object storage" behind the redirects
+            digest = f"sha256:{hashlib.sha256(body).hexdigest()}"
+            stored = redirecting.blob_file("private/redirected", digest)
+            web.put("/" + str(stored.relative_to(redirecting.storage)), body)
+        out = tmp_path / "out"
+        result = fetch(
+            run_initializer,
+            redirecting,
+            "private/redirected:v1",
+            out,
+            OCI_USERNAME=redirecting.username,
+            OCI_PASSWORD=redirecting.password,
+        )
+    assert result.code == 0, result.output
+    assert tree(out) == MODEL
+    blob_gets = [headers for method, _, headers in web.requests if method == "GET"]
+    assert blob_gets, "no blob was fetched from the redirect's target"
+    assert not any("authorization" in {k.lower() for k in headers} for headers in blob_gets)

@@ -95,3 +95,28 @@ def test_a_sigterm_mid_blob_stops_at_once_and_leaves_nothing_under_its_name(
     while slow.body_bytes < 4 * MIB:
         time.sleep(0.05)
     stop_with_sigterm(live, out / "model.safetensors", within=5)
+
+
+def test_a_token_that_expires_mid_fetch_is_renewed_and_the_fetch_completes(
+    registry, proxies, run_initializer, tmp_path
+):
+    files = dataset(66, {f"model-0000{i}.safetensors": 12 * MIB for i in range(1, 4)})
+    with Registry(tmp_path / "token", auth="token") as tokened:
+        push(tokened, tmp_path, "private/expiring:v1", files)
+        tokened.token_requests.clear()
+        # Distribution accepts a token up to 60 s past its expiry: this one ends 2 s after it
+        # is issued, and the fetch through the slow proxy takes a few seconds
+        tokened.token_lifetime = -58
+        slow = proxies(tokened.url, rate=8 * MIB)
+        host = slow.url.removeprefix("http://")
+        out = tmp_path / "model"
+        env = {
+            "OCI_INSECURE_REGISTRIES": host,
+            "OCI_USERNAME": tokened.username,
+            "OCI_PASSWORD": tokened.password,
+            "WORKERS": "1",  # one blob after another: the last starts after the token expired
+        }
+        result = run_initializer("model", *args(host, "private/expiring:v1", out), env=env)
+        assert result.code == 0, result.output
+        assert_identical(out, files)
+        assert len(tokened.token_requests) >= 2, result.output  # the first, and a renewal

@@ -80,7 +80,14 @@ class Registry:
     service = "registry.test"  # the token's audience, as the registry's challenge names it
     issuer = "token-issuer.test"
 
-    def __init__(self, root: Path, *, auth: str = "none", tls: bool = False) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        auth: str = "none",
+        tls: bool = False,
+        blob_redirect: str | None = None,
+    ) -> None:
         if auth not in ("none", "basic", "token"):
             raise ValueError(f"auth must be none, basic or token, not {auth!r}")
         self.root = root
@@ -94,6 +101,10 @@ class Registry:
         self.log_file = root / "registry.log"
         self.realm: str | None = None  # the token endpoint's URL, once started
         self.token_requests: list[dict[str, str]] = []
+        self.token_lifetime = 300  # seconds each token the endpoint issues is valid for
+        # Blob GETs answered with a redirect to this base URL + the blob's storage path (the
+        # redirect middleware, as a registry on object storage redirects to presigned URLs).
+        self.blob_redirect = blob_redirect
         self._proc: subprocess.Popen[bytes] | None = None
         self._token_server: ThreadingHTTPServer | None = None
         self._token_thread: threading.Thread | None = None
@@ -165,6 +176,9 @@ class Registry:
             },
             "http": http,
         }
+        if self.blob_redirect:
+            redirect = {"name": "redirect", "options": {"baseurl": self.blob_redirect}}
+            config["middleware"] = {"storage": [redirect]}
         if self.auth == "basic":
             config["auth"] = {"htpasswd": {"realm": "test-registry", "path": self._htpasswd()}}
         elif self.auth == "token":
@@ -449,8 +463,9 @@ def _token_handler(registry: Registry) -> type[BaseHTTPRequestHandler]:
             if self.headers.get("Authorization") != _basic():
                 self._send(401, {"details": "credentials required"}, basic=True)
                 return
-            token = registry.mint_token(params.get("scope", []))
-            self._send(200, {"token": token, "access_token": token, "expires_in": 300})
+            lifetime = registry.token_lifetime
+            token = registry.mint_token(params.get("scope", []), lifetime=lifetime)
+            self._send(200, {"token": token, "access_token": token, "expires_in": lifetime})
 
         def _send(self, status: int, payload: dict[str, Any], basic: bool = False) -> None:
             body = json.dumps(payload).encode()

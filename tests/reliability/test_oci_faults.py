@@ -120,3 +120,63 @@ def test_a_token_that_expires_mid_fetch_is_renewed_and_the_fetch_completes(
         assert result.code == 0, result.output
         assert_identical(out, files)
         assert len(tokened.token_requests) >= 2, result.output  # the first, and a renewal
+
+
+def blob_gets(proxy) -> dict[str, int]:
+    return {request: n for request, n in proxy.seen.items() if "/blobs/" in request and n}
+
+
+def test_the_asset_store_reuses_an_unchanged_digest_with_no_blob_fetched_again(
+    registry, proxies, run_initializer, tmp_path
+):
+    files = dataset(67, {"model.safetensors": 3 * MIB, "config.json": 400})
+    push(registry, tmp_path, "cached/files:v1", files)
+    members = dataset(68, {"models/weights.safetensors": 2 * MIB, "models/config.json": 300})
+    layout = tmp_path / "cached-modelcar"
+    write_layout(layout, [tar_bytes(dict(members))])
+    registry.push_layout(layout, "cached/modelcar:v1")
+    proxy = proxies(registry.url)
+    host = proxy.url.removeprefix("http://")
+    env = {"OCI_INSECURE_REGISTRIES": host, "CACHE_DIR": str(tmp_path / "cache")}
+    modelcar = {name.removeprefix("models/"): body for name, body in members.items()}
+    for target, expected in (("cached/files:v1", files), ("cached/modelcar:v1", modelcar)):
+        first = run_initializer("model", *args(host, target, tmp_path / "a" / target), env=env)
+        assert first.code == 0, first.output
+        sent = proxy.body_bytes
+        second = run_initializer("model", *args(host, target, tmp_path / "b" / target), env=env)
+        assert second.code == 0, second.output
+        assert "already complete" in second.stderr
+        # the manifest again and the first byte of a blob (the caller proves it may read the
+        # source before it is linked to the entry), no blob's bytes
+        assert proxy.body_bytes - sent < 8192
+        assert_identical(tmp_path / "b" / target, expected)
+
+
+def test_shards_split_an_artifact_by_blob_and_a_modelcar_is_refused_with_the_fix(
+    registry, proxies, launch, run_initializer, tmp_path
+):
+    files = dataset(69, {f"shard-{i}.safetensors": (i + 1) * 300_000 for i in range(6)})
+    push(registry, tmp_path, "sharded/files:v1", files)
+    proxy = proxies(registry.url)
+    host = proxy.url.removeprefix("http://")
+    out = tmp_path / "shared-volume"
+    runs = [
+        launch(
+            "model",
+            *args(host, "sharded/files:v1", out),
+            env={"OCI_INSECURE_REGISTRIES": host, "SHARDS": "2", "JOB_COMPLETION_INDEX": str(i)},
+        )
+        for i in range(2)
+    ]
+    assert [run.finish() for run in runs] == [0, 0], [run.stderr for run in runs]
+    assert_identical(out, files)
+    assert set(blob_gets(proxy).values()) == {1} and len(blob_gets(proxy)) == len(files)
+    layout = tmp_path / "sharded-modelcar"
+    write_layout(layout, [tar_bytes({"models/a.json": b"{}"})])
+    registry.push_layout(layout, "sharded/modelcar:v1")
+    refused = run_initializer(
+        "model",
+        *args(host, "sharded/modelcar:v1", tmp_path / "refused"),
+        env={"OCI_INSECURE_REGISTRIES": host, "SHARDS": "2", "JOB_COMPLETION_INDEX": "0"},
+    )
+    assert refused.code == 2 and "drop SHARDS" in refused.stderr

@@ -15,7 +15,7 @@ import pytest
 
 from initializers.manifest import read_manifest
 from tests.conftest import tree
-from tests.servers.registry import Registry, tar_bytes, write_layout
+from tests.servers.registry import Registry, compressed, tar_bytes, write_layout
 
 RNG = random.Random(37)
 MIB = 1 << 20
@@ -26,6 +26,7 @@ MODEL = {
     "tokenizer/tokenizer.json": RNG.randbytes(50_000),
 }
 TITLE = "org.opencontainers.image.title"
+GZIP_LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +52,8 @@ def fetch(run_initializer, registry: Registry, target: str, out: Path, *args: st
 
 def push_modelcar(registry: Registry, tmp_path: Path, target: str, layers: list[bytes]) -> str:
     layout = tmp_path / f"layout-{target.replace(':', '-').replace('/', '-')}"
-    write_layout(layout, layers, layer_media_type="application/vnd.oci.image.layer.v1.tar+gzip")
+    gzipped = [compressed(layer, GZIP_LAYER) for layer in layers]
+    write_layout(layout, gzipped, layer_media_type=GZIP_LAYER)
     return registry.push_layout(layout, target)
 
 

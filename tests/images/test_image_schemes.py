@@ -1,6 +1,7 @@
 """The images carry what every scheme needs: gs:// against fake-gcs-server, az:// against
-Azurite, an https:// archive, and file:// from a mounted folder, each configured by env alone
-as the controller runs them, into a bind-mounted /workspace (host networking)."""
+Azurite, an https:// archive, file:// from a mounted folder, and oci:// from a real registry (an
+ORAS artifact, a tar+zstd modelcar), each configured by env alone as the controller runs them,
+into a bind-mounted /workspace (host networking)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ import pytest
 from initializers.manifest import find_problems
 from tests.conftest import tree
 from tests.images.conftest import BUILD_TIMEOUT, IMAGE_UID
+from tests.servers.registry import compressed, tar_bytes, write_layout
+
+ZSTD_LAYER = "application/vnd.oci.image.layer.v1.tar+zstd"
 
 pytestmark = [pytest.mark.images, pytest.mark.timeout(BUILD_TIMEOUT + 300)]
 
@@ -81,3 +85,31 @@ def test_file_from_a_mounted_volume(images, podman_run, tmp_path, workspace):
     )
     assert result.code == 0, result.output
     assert_complete(workspace / "model")
+
+
+def test_oci_files_and_a_zstd_modelcar_from_a_registry(
+    images, podman_run, registry, tmp_path, workspace
+):
+    source = tmp_path / "artifact"
+    for name, body in MODEL.items():
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        (source / name).write_bytes(body)
+    registry.push_files("images/llama:v1", source, list(MODEL))
+    env = {"STORAGE_URI": f"oci://{registry.ref('images/llama:v1')}"}
+    env["OCI_INSECURE_REGISTRIES"] = registry.host
+    result = podman_run(images["model"], env=env, volumes={workspace: "/workspace"})
+    assert result.code == 0, result.output
+    assert_complete(workspace / "model")
+
+    layout = tmp_path / "modelcar"
+    members = {f"models/{name}": body for name, body in MODEL.items()}
+    write_layout(
+        layout,
+        [compressed(tar_bytes(dict(members)), ZSTD_LAYER)],
+        layer_media_type=ZSTD_LAYER,
+    )
+    registry.push_layout(layout, "images/modelcar:v1")
+    env["STORAGE_URI"] = f"oci://{registry.ref('images/modelcar:v1')}"
+    result = podman_run(images["dataset"], env=env, volumes={workspace: "/workspace"})
+    assert result.code == 0, result.output
+    assert tree(workspace / "dataset") == MODEL

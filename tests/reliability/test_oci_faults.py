@@ -10,7 +10,9 @@ from pathlib import Path
 from initializers.manifest import find_problems
 from tests.reliability.conftest import assert_identical, dataset, stop_with_sigterm
 from tests.servers.faultproxy import every_fault
-from tests.servers.registry import Registry, tar_bytes, write_layout
+from tests.servers.registry import Registry, compressed, tar_bytes, write_layout
+
+GZIP_LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
 
 MIB = 1 << 20
 
@@ -36,8 +38,8 @@ def test_random_faults_between_the_initializer_and_a_registry_leave_a_byte_ident
     layout = tmp_path / "modelcar"
     write_layout(
         layout,
-        [tar_bytes(dict(members))],
-        layer_media_type="application/vnd.oci.image.layer.v1.tar+gzip",
+        [compressed(tar_bytes(dict(members)), GZIP_LAYER)],
+        layer_media_type=GZIP_LAYER,
     )
     registry.push_layout(layout, "faults/modelcar:v1")
     proxy = proxies(registry.url, seed=63, share=0.35, faults=every_fault(stall_seconds=30))

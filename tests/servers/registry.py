@@ -603,7 +603,7 @@ def write_layout(
     else:
         entries = []
         for name in platforms:
-            marker = _compress(tar_bytes({"models/platform.txt": name.encode()}), layer_media_type)
+            marker = compressed(tar_bytes({"models/platform.txt": name.encode()}), layer_media_type)
             manifest = image(_platform(name), [*layers, marker], [*notes, {}])
             entries.append(blob(OCI_MANIFEST, _json(manifest), platform=_platform(name)))
         index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": entries}
@@ -625,7 +625,8 @@ def _platform(name: str) -> dict[str, str]:
     return found | ({"variant": variant[0]} if variant else {})
 
 
-def _compress(data: bytes, media_type: str) -> bytes:
+def compressed(data: bytes, media_type: str) -> bytes:
+    """A layer's bytes as its media type says they are stored (+gzip, +zstd, or as they are)."""
     if media_type.endswith("+gzip"):
         return gz.compress(data, mtime=0)
     if media_type.endswith("+zstd"):

@@ -18,7 +18,7 @@ stream); a plain ``.tar`` has none beyond the archive's size and version.
 from __future__ import annotations
 
 import contextlib
-import io
+import importlib
 import logging
 import os
 import posixpath
@@ -32,8 +32,8 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
+from types import ModuleType
 from typing import IO
 
 from isal import igzip, isal_zlib
@@ -405,7 +405,7 @@ class _ArchiveMembers(AbstractContextManager["Iterator[Member]"]):
                 self._gunzipped = igzip.open(self._path, "rb")
                 self._archive = tarfile.open(fileobj=self._gunzipped, mode="r:")
             elif magic == ZSTD_MAGIC:  # an OCI layer's tar+zstd
-                self._gunzipped = _Restartable(partial(_zstd_reader, self._path))
+                self._gunzipped = _zstd_file(self._path)
                 self._archive = tarfile.open(fileobj=self._gunzipped, mode="r:")
             else:
                 self._archive = tarfile.open(self._path, "r:*")
@@ -431,57 +431,21 @@ def _damaged(member: Member, exc: BaseException) -> IntegrityError:
     return IntegrityError(f"{member.name}: the archive is damaged ({exc}); fetch it again")
 
 
-def _zstd_reader(path: Path) -> IO[bytes]:
-    import zstandard  # only a tar+zstd layer needs it
+def _zstd_file(path: Path) -> IO[bytes]:
+    """A tar+zstd layer, decompressed as it is read (seeking back starts over, as gzip's)."""
+    return _zstd().ZstdFile(path, "rb")
 
-    return zstandard.ZstdDecompressor().stream_reader(path.open("rb"), closefd=True)
+
+def _zstd() -> ModuleType:
+    """Python's zstd module (3.14+), or its backport; imported only once a zstd layer is read."""
+    if sys.version_info >= (3, 14):
+        return importlib.import_module("compression.zstd")
+    return importlib.import_module("backports.zstd")
 
 
 def _zstd_errors() -> type[Exception]:
-    zstandard = sys.modules.get("zstandard")  # imported only once a zstd layer is opened
-    return zstandard.ZstdError if zstandard is not None else IntegrityError
-
-
-class _Restartable(io.RawIOBase):
-    """A decompressed stream tarfile can seek in: forward by reading on, back by starting over
-    (a member list is read first, then the members' data: one more pass)."""
-
-    def __init__(self, reopen: Callable[[], IO[bytes]]) -> None:
-        self._reopen = reopen
-        self._stream = reopen()
-        self._position = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
-        count = self._stream.readinto(buffer)  # type: ignore[attr-defined]
-        self._position += count
-        return count
-
-    def tell(self) -> int:
-        return self._position
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        if whence not in (io.SEEK_SET, io.SEEK_CUR):
-            raise OSError("a compressed stream cannot seek from its end")
-        target = offset if whence == io.SEEK_SET else self._position + offset
-        if target < self._position:
-            self._stream.close()
-            self._stream, self._position = self._reopen(), 0
-        while self._position < target:
-            skipped = self._stream.read(min(COPY_CHUNK, target - self._position))
-            if not skipped:
-                break
-            self._position += len(skipped)
-        return self._position
-
-    def close(self) -> None:
-        self._stream.close()
-        super().close()
+    loaded = sys.modules.get("compression.zstd") or sys.modules.get("backports.zstd")
+    return loaded.ZstdError if loaded is not None else IntegrityError
 
 
 def _tar_members(archive: tarfile.TarFile) -> Iterator[Member]:

@@ -630,9 +630,9 @@ def compressed(data: bytes, media_type: str) -> bytes:
     if media_type.endswith("+gzip"):
         return gz.compress(data, mtime=0)
     if media_type.endswith("+zstd"):
-        import zstandard
+        from backports import zstd
 
-        return zstandard.ZstdCompressor().compress(data)
+        return zstd.compress(data)
     return data
 
 
@@ -643,9 +643,9 @@ def _diff_id(layer: bytes, media_type: str) -> str:
         if media_type.endswith("+gzip"):
             raw = gz.decompress(layer)
         elif media_type.endswith("+zstd"):
-            import zstandard
+            from backports import zstd
 
-            raw = zstandard.ZstdDecompressor().decompressobj().decompress(layer)
+            raw = zstd.decompress(layer)
     except Exception:
         raw = layer
     return "sha256:" + hashlib.sha256(raw).hexdigest()

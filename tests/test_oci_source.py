@@ -50,6 +50,12 @@ def fetch(run_initializer, registry: Registry, target: str, out: Path, *args: st
     )
 
 
+def fetch_as_user(run_initializer, registry: Registry, target: str, out: Path):
+    """``fetch`` with the registry's one account as OCI_USERNAME and OCI_PASSWORD."""
+    login = {"OCI_USERNAME": registry.username, "OCI_PASSWORD": registry.password}
+    return fetch(run_initializer, registry, target, out, **login)
+
+
 def push_modelcar(registry: Registry, tmp_path: Path, target: str, layers: list[bytes]) -> str:
     layout = tmp_path / f"layout-{target.replace(':', '-').replace('/', '-')}"
     gzipped = [compressed(layer, GZIP_LAYER) for layer in layers]
@@ -352,14 +358,7 @@ def test_a_token_registry_is_answered_with_a_pull_token_for_the_repository(
     token_registry.push_files("private/tokened:v1", model_folder, list(MODEL))
     token_registry.token_requests.clear()
     out = tmp_path / "out"
-    result = fetch(
-        run_initializer,
-        token_registry,
-        "private/tokened:v1",
-        out,
-        OCI_USERNAME=token_registry.username,
-        OCI_PASSWORD=token_registry.password,
-    )
+    result = fetch_as_user(run_initializer, token_registry, "private/tokened:v1", out)
     assert result.code == 0, result.output
     assert tree(out) == MODEL
     scopes = {request.get("scope") for request in token_registry.token_requests}
@@ -378,14 +377,7 @@ def test_blob_redirects_to_object_storage_are_followed_without_the_registry_cred
             stored = redirecting.blob_file("private/redirected", digest)
             web.put("/" + str(stored.relative_to(redirecting.storage)), body)
         out = tmp_path / "out"
-        result = fetch(
-            run_initializer,
-            redirecting,
-            "private/redirected:v1",
-            out,
-            OCI_USERNAME=redirecting.username,
-            OCI_PASSWORD=redirecting.password,
-        )
+        result = fetch_as_user(run_initializer, redirecting, "private/redirected:v1", out)
     assert result.code == 0, result.output
     assert tree(out) == MODEL
     blob_gets = [headers for method, _, headers in web.requests if method == "GET"]

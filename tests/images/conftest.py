@@ -14,6 +14,7 @@
   The gateway is a host address, so containers on any other bridge network (the SDK's own
   per-job ones) reach it too.
 * ``bridge_hub`` — the local Hub (tests/servers/hub.py) on that gateway address, once per module.
+* ``bridge_registry`` — a real OCI registry (tests/servers/registry.py) on that gateway address.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from moto.server import ThreadedMotoServer
 from tests.conftest import ACCESS_KEY, SECRET_KEY
 from tests.podman import podman, podman_env
 from tests.servers.hub import HubServer
+from tests.servers.registry import Registry
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE_UID = 65532  # the images' fixed non-root user (images/initializer/Dockerfile)
@@ -244,6 +246,18 @@ def bridge_hub(bridge_network: BridgeNetwork) -> Iterator[HubServer]:
         yield server
     assert not server.leaked_auth, "a token was sent to the CDN host"
     assert not server.errors, server.errors
+
+
+@pytest.fixture(scope="module")
+def bridge_registry(
+    bridge_network: BridgeNetwork, registry: Registry, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Registry]:
+    """A registry bound to the bridge network's gateway address (after ``registry``: its
+    tools, checked the same way)."""
+    _wait_bindable(bridge_network.gateway)
+    root = tmp_path_factory.mktemp("bridge-registry")
+    with Registry(root, bind=bridge_network.gateway) as server:
+        yield server
 
 
 def _wait_bindable(address: str) -> None:

@@ -38,6 +38,7 @@ from tests.conftest import ACCESS_KEY, SECRET_KEY
 from tests.images.conftest import BUILD_TIMEOUT, IMAGE_UID, owned_dir, owners
 from tests.podman import CONTAINERS_CONF, podman
 from tests.servers.locked_s3 import LockedS3, locked_s3
+from tests.servers.registry import tar_bytes, write_layout
 
 try:
     from kubeflow.trainer import (
@@ -154,13 +155,14 @@ def with_env(conf: str, env: dict[str, str]) -> str:
 
 
 @pytest.fixture(scope="module")
-def podman_socket(bridge_hub) -> Iterator[str]:
+def podman_socket(bridge_hub, bridge_registry) -> Iterator[str]:
     """``unix://...`` of a podman API service this module starts, with the project's
-    containers.conf plus the Hub's address for every container."""
+    containers.conf plus the Hub's address and the plain-http registry for every container."""
     folder = Path(tempfile.mkdtemp(prefix="kf-e2e-podman-"))
     conf = folder / "containers.conf"
-    hub = {"HF_ENDPOINT": bridge_hub.endpoint, "HF_HUB_DISABLE_XET": "1"}
-    conf.write_text(with_env(CONTAINERS_CONF.read_text(), hub))
+    env = {"HF_ENDPOINT": bridge_hub.endpoint, "HF_HUB_DISABLE_XET": "1"}
+    env["OCI_INSECURE_REGISTRIES"] = bridge_registry.host
+    conf.write_text(with_env(CONTAINERS_CONF.read_text(), env))
     socket = folder / "podman.sock"
     log = (folder / "service.log").open("w")
     service = subprocess.Popen(
@@ -341,6 +343,28 @@ def bridge_locked_s3(bridge_network) -> Iterator[LockedS3]:
     """An S3 server that checks signatures (tests/servers/locked_s3.py), on the gateway."""
     with locked_s3(bridge_network.gateway) as server:
         yield server
+
+
+def test_an_oci_modelcar_given_as_the_sdk_storage_uri_reaches_the_trainer(
+    client, job, home, bridge_hub, bridge_registry, tmp_path
+):
+    # The SDK has no initializer type of its own for oci://; its Hugging Face one passes
+    # storage_uri (and its default IGNORE_PATTERNS) to our image unchanged.
+    layout = tmp_path / "modelcar"
+    write_layout(layout, [tar_bytes({f"models/{k}": v for k, v in MODEL.items()})])
+    bridge_registry.push_layout(layout, f"sdk/{job}:v1")
+    bridge_hub.add_repo(f"org/corpus-{job}", DATASET, repo_type="dataset")
+    initializer = Initializer(
+        dataset=HuggingFaceDatasetInitializer(storage_uri=f"hf://org/corpus-{job}"),
+        model=HuggingFaceModelInitializer(
+            storage_uri=f"oci://{bridge_registry.ref(f'sdk/{job}:v1')}"
+        ),
+    )
+
+    train_and_verify(client, job, initializer)
+
+    client.delete_job(job)
+    assert leftovers(home, job) == []
 
 
 @pytest.mark.parametrize(

@@ -13,12 +13,12 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def wait_for_port(port: int, seconds: float, what: str) -> None:
-    """Return once 127.0.0.1:``port`` accepts a connection; RuntimeError after ``seconds``."""
+def wait_for_port(port: int, seconds: float, what: str, host: str = "127.0.0.1") -> None:
+    """Return once ``host``:``port`` accepts a connection; RuntimeError after ``seconds``."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            with socket.create_connection((host, port), timeout=0.2):
                 return
         except OSError:
             time.sleep(0.05)

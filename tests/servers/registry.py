@@ -87,6 +87,7 @@ class Registry:
         auth: str = "none",
         tls: bool = False,
         blob_redirect: str | None = None,
+        bind: str = "127.0.0.1",
     ) -> None:
         if auth not in ("none", "basic", "token"):
             raise ValueError(f"auth must be none, basic or token, not {auth!r}")
@@ -94,7 +95,8 @@ class Registry:
         self.auth = auth
         self.tls = tls
         self.port = free_port()
-        self.host = f"127.0.0.1:{self.port}"
+        self.bind = bind  # another host address for containers on a bridge network to reach
+        self.host = f"{bind}:{self.port}"
         self.url = f"{'https' if tls else 'http'}://{self.host}"
         self.storage = root / "storage"
         self.ca_file: Path | None = root / "ca.pem" if tls else None
@@ -137,7 +139,7 @@ class Registry:
                 env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},  # no REGISTRY_* overrides
             )
         try:
-            wait_for_port(self.port, 20, "docker-registry")
+            wait_for_port(self.port, 20, "docker-registry", self.bind)
         except RuntimeError as exc:
             self.stop()
             raise RuntimeError(f"{exc}: {self.log_file.read_text()[-2000:]}") from None

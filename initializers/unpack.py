@@ -239,9 +239,9 @@ def _apply(tree: dict[str, _Placed], placed: _Placed, whiteouts: bool) -> None:
             tree.pop(hidden, None)
             _remove_below(tree, f"{hidden}/", placed.layer)
             return
-        tree.pop(name, None)  # a file or folder replaces what was there, and all under it
-        _remove_below(tree, f"{name}/", placed.layer)
-        if member.kind != "dir":
+        tree.pop(name, None)  # what a lower layer had under this name: a file, or a link
+        if member.kind != "dir":  # a folder entry merges with the folder below; a file does not
+            _remove_below(tree, f"{name}/", placed.layer)
             tree[name] = placed
         return
     if member.kind == "dir":

@@ -161,6 +161,18 @@ def test_later_layers_replace_files_and_whiteouts_remove_what_lower_layers_wrote
     assert unpacked(tmp_path, [base, top]) == {"a.bin": b"a2", "sub/new.txt": b"new"}
 
 
+def test_layers_that_each_name_the_folder_add_to_it_as_a_copy_per_file_builds_them(tmp_path):
+    first = tar({"models/": None, "models/a.json": b"a"})
+    second = tar({"models/": None, "models/b.json": b"b"})
+    assert unpacked(tmp_path, [first, second]) == {"a.json": b"a", "b.json": b"b"}
+
+
+def test_a_file_replaces_a_lower_folder_and_a_folder_a_lower_file(tmp_path):
+    first = tar({"models/x/inner.txt": b"gone", "models/y": b"gone too"})
+    second = tar({"models/x": b"now a file", "models/y/": None, "models/y/z.txt": b"z"})
+    assert unpacked(tmp_path, [first, second]) == {"x": b"now a file", "y/z.txt": b"z"}
+
+
 def test_the_sub_path_keeps_another_folder_and_links_become_copies(tmp_path):
     layers = [
         tar({"data/x.txt": b"x", "models/w.bin": b"w"}, symlinks={"data/link": "x.txt"}),

@@ -16,7 +16,7 @@ AZURITE_VERSION := 3.35.0
 
 .DEFAULT_GOAL := install
 .PHONY: install install-launchers install-e2e install-s3compat azurite test lint demo images e2e \
-	test-launchers test-s3compat bench bench-manyfiles clean distclean
+	test-launchers test-s3compat bench bench-manyfiles bench-oci clean distclean
 
 $(INSTALLED): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
@@ -78,6 +78,11 @@ bench: install  ## side-by-side figures vs s5cmd, aws, boto3, hf, Kubeflow, KSer
 bench-manyfiles: install  ## peak memory against the file count: 10,000 to 1,000,000 S3 objects, ours and s5cmd
 	PYTHON=$(VPY) bash benchmarks/setup.sh
 	.bench/venv/bin/python -m benchmarks.manyfiles $(BENCH_ARGS)
+
+bench-oci: install  ## oci:// vs skopeo and oras-py on a local registry: a ModelPack artifact and a modelcar
+	bash .ci/system-packages.sh docker-registry skopeo
+	PYTHON=$(VPY) bash benchmarks/setup.sh
+	.bench/venv/bin/python -m benchmarks.oci $(BENCH_ARGS)
 
 test-launchers: install-launchers  ## real torchrun/mpirun launches over loopback (sshd: .ci/launchers.sh)
 	$(VPY) -m pytest -q -m launchers tests/launchers

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import io
 import logging
 import os
 import posixpath
@@ -67,6 +68,7 @@ STAGING = ".initializer-archive"
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 COPY_CHUNK = 1 << 20
+COPY_EXTENT = 64 << 20  # per copy_file_range call: a stop is seen between calls
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"  # a folder whose lower layers' content is hidden
 MAX_LINK_HOPS = 40
@@ -82,6 +84,7 @@ class Member:
     target: str | None  # a link's target, from the archive's root; None when it leaves it
     open: Callable[[], IO[bytes]]
     staged: Path | None = None  # a whole verified blob placed as it is: renamed, not copied
+    extent: tuple[Path, int] | None = None  # (file, offset): its bytes lie there as they are
 
 
 @dataclass(frozen=True)
@@ -367,6 +370,11 @@ def _write_member(
 
 def _copy(member: Member, fd: int, stop: threading.Event) -> int:
     """Write the member's data to ``fd``; the number of bytes written."""
+    if member.extent is not None:
+        with contextlib.suppress(OSError):  # a kernel or filesystem without it: read and write
+            return _copy_extent(member.extent, member.size, fd, stop)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.ftruncate(fd, 0)
     size = 0
     try:
         with member.open() as body:
@@ -409,6 +417,8 @@ class _ArchiveMembers(AbstractContextManager["Iterator[Member]"]):
                 self._archive = tarfile.open(fileobj=self._gunzipped, mode="r:")
             else:
                 self._archive = tarfile.open(self._path, "r:*")
+                if isinstance(self._archive.fileobj, io.BufferedReader):  # not bz2 or xz
+                    return _tar_members(self._archive, plain=self._path)
             return _tar_members(self._archive)
         except (
             OSError,
@@ -425,6 +435,24 @@ class _ArchiveMembers(AbstractContextManager["Iterator[Member]"]):
             self._archive.close()
         if self._gunzipped is not None:  # tarfile leaves a file object it was given open
             self._gunzipped.close()
+
+
+def _copy_extent(extent: tuple[Path, int], size: int, fd: int, stop: threading.Event) -> int:
+    """Copy ``size`` bytes at ``extent`` into ``fd`` inside the kernel (``copy_file_range``: no
+    pass through Python, and a filesystem with reflinks shares the blocks); the count copied,
+    short when the archive ends early."""
+    path, offset = extent
+    copied = 0
+    with path.open("rb") as source:
+        while copied < size:
+            if stop.is_set():
+                raise Interrupted("stopped by a signal while unpacking; rerun to finish")
+            count = min(COPY_EXTENT, size - copied)
+            moved = os.copy_file_range(source.fileno(), fd, count, offset + copied, copied)
+            if moved == 0:
+                break
+            copied += moved
+    return copied
 
 
 def _damaged(member: Member, exc: BaseException) -> IntegrityError:
@@ -448,7 +476,9 @@ def _zstd_errors() -> type[Exception]:
     return loaded.ZstdError if loaded is not None else IntegrityError
 
 
-def _tar_members(archive: tarfile.TarFile) -> Iterator[Member]:
+def _tar_members(archive: tarfile.TarFile, plain: Path | None = None) -> Iterator[Member]:
+    """The members of a tar; of an uncompressed one (``plain``, its file), each regular
+    member's extent in it, so its bytes are copied by the kernel."""
     try:
         for info in archive:
             if info.isdir():
@@ -464,7 +494,11 @@ def _tar_members(archive: tarfile.TarFile) -> Iterator[Member]:
                 target = _inside_archive(info.linkname, posixpath.dirname(info.name))
             elif info.islnk():  # a hard link names its target from the archive's root
                 target = _inside_archive(info.linkname)
-            yield Member(info.name, info.size, kind, target, _tar_opener(archive, info))
+            extent = (plain, info.offset_data) if plain and kind == "file" else None
+            if info.issparse():
+                extent = None
+            opener = _tar_opener(archive, info)
+            yield Member(info.name, info.size, kind, target, opener, extent=extent)
     except (EOFError, igzip.BadGzipFile, tarfile.TarError, isal_zlib.error) as exc:
         raise IntegrityError(f"the archive is damaged ({exc}); fetch it again") from None
 

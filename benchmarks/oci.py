@@ -611,6 +611,15 @@ def versions(venv: Path) -> dict[str, str]:
 # -- main ----------------------------------------------------------------------------------------
 
 
+def write_docs(docs: Path | None, table: str) -> None:
+    """The report as ``docs/benchmarks-oci.md`` (which docs/benchmarks.md links to)."""
+    if docs is None:
+        return
+    heading = "# oci:// against skopeo and oras-py (`make bench-oci`)\n\n"
+    (docs / "benchmarks-oci.md").write_text(heading + table + "\n")
+    print(f"report: {docs / 'benchmarks-oci.md'}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.oci", description=__doc__)
     parser.add_argument("--rounds", type=int, default=5)
@@ -632,9 +641,12 @@ def main(argv: list[str] | None = None) -> int:
         help="fixtures, the registry's storage and results go here",
     )
     parser.add_argument("--report", type=Path, help="render a saved results.json again")
+    parser.add_argument("--docs", type=Path, help="write benchmarks-oci.md into this folder")
     args = parser.parse_args(argv)
     if args.report:
-        print(render(json.loads(args.report.read_text())))
+        table = render(json.loads(args.report.read_text()))
+        print(table)
+        write_docs(args.docs, table)
         return 0
     only = [name for name in args.only.split(",") if name]
     if unknown := set(only) - set(CONTENDERS):
@@ -692,6 +704,7 @@ def main(argv: list[str] | None = None) -> int:
     table = render(results)
     (out / "report.md").write_text(table)
     print(table)
+    write_docs(args.docs, table)
     print(f"{results['elapsed_s'] / 60:.1f} minutes; results in {out}", flush=True)
     return 0
 

@@ -464,6 +464,13 @@ def _commit_line(meta: dict) -> str:
     return f"**Commit measured**: `{describe_commit(info)}`."
 
 
+OCI_POINTER = (
+    "### OCI registry (`oci://`): a ModelPack artifact and a modelcar\n\n"
+    "Measured by its own benchmark, `make bench-oci`, against `skopeo copy` + extraction and "
+    "oras-py on a local Distribution registry: [benchmarks-oci.md](benchmarks-oci.md)."
+)
+
+
 def markdown(results: dict) -> str:
     meta = results["meta"]
     assets = meta["assets"]
@@ -515,6 +522,7 @@ def markdown(results: dict) -> str:
     for scenario in summary:
         if parts(scenario)[0] == "shards":
             lines += _shards_table(scenario, results)
+    lines += [OCI_POINTER, ""]
     lines.append(
         method(
             nginx=m["versions"]["nginx"],

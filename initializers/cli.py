@@ -185,7 +185,13 @@ class _Run:
         revision = self.listing.revision
         if self.layered is not None:
             return sync_layers(
-                self.layered, dest, self.recorded, self.engine_for, self.choose, self.stop
+                self.layered,
+                dest,
+                self.recorded,
+                self.engine_for,
+                self.choose,
+                self.stop,
+                self.settings.durable,
             )
         if self.chosen is None:
             chooser = Chooser(self.listing, self.rules, self.where)

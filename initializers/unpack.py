@@ -45,6 +45,7 @@ from initializers.engine import Engine, Outcome
 from initializers.errors import IntegrityError, Interrupted, LocalStorageError, NotFoundError
 from initializers.fsutil import (
     UnsafePathError,
+    boot_id,
     fsync_dir,
     make_room_for,
     part_path,
@@ -103,9 +104,12 @@ def sync_layers(
     make_engine: Callable[[Path], Engine],
     choose: Callable[[list[RemoteFile]], list[RemoteFile]],
     stop: threading.Event,
+    durable: bool = True,
 ) -> Outcome:
     """Fetch the plan's blobs into the staging folder, unpack them into ``dest``, write the
-    manifest; nothing at all when the manifest says this revision is already there."""
+    manifest; nothing at all when the manifest says this revision is already there and its
+    files can be trusted (synced, or written during this boot). Not ``durable``: nothing waits
+    for the disk, and the manifest says so, so a run after a crash unpacks everything again."""
     try:
         dest.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -116,6 +120,7 @@ def sync_layers(
             old is not None
             and old.source == source_uri
             and old.revision == plan.revision
+            and old.trusted(boot_id())
             and all(record_is_intact(dest, path, record) for path, record in old.files.items())
         ):
             total = sum(record.size for record in old.files.values())
@@ -123,13 +128,16 @@ def sync_layers(
         staging = dest / STAGING
         fetched = make_engine(staging).sync(plan.blobs, source_uri, plan.revision)
         remove_manifest(dest)
-        records = unpack_layers(plan, staging, dest, choose, stop)
+        records = unpack_layers(plan, staging, dest, choose, stop, durable)
         for path in sorted(set(old.files) - set(records) if old else ()):
             target = dest / path
             if inside(dest, target) and target.is_file() and not target.is_symlink():
                 target.unlink()
         try:
-            write_manifest(dest, Manifest(source=source_uri, revision=plan.revision, files=records))
+            finished = Manifest(
+                source_uri, plan.revision, records, boot_id=boot_id(), durable=durable
+            )
+            write_manifest(dest, finished)
         except OSError as exc:
             raise storage_error(exc, dest) from None
         shutil.rmtree(staging, ignore_errors=True)
@@ -157,6 +165,7 @@ def unpack_layers(
     dest: Path,
     choose: Callable[[list[RemoteFile]], list[RemoteFile]],
     stop: threading.Event,
+    durable: bool = True,
 ) -> dict[str, FileRecord]:
     """Write the tree the plan's layers make (their safe members that ``choose`` keeps) into
     ``dest``; returns their manifest records. Every layer's member list is read first (for a
@@ -192,7 +201,7 @@ def unpack_layers(
             len(chosen),
             human_bytes(sum(f.size for f in chosen)),
         )
-        commits = CommitLog(dest)
+        commits = CommitLog(dest, durable=durable)
         group = GroupCommit(dest, commits)
         uses = Counter(id(kept[f.path].member) for f in chosen)
         for file in sorted(chosen, key=lambda f: (kept[f.path].layer, kept[f.path].position)):
@@ -204,8 +213,9 @@ def unpack_layers(
         group.flush()
     except OSError as exc:
         raise storage_error(exc, dest) from None
-    for folder in {os.path.dirname(path) for path in group.records}:
-        fsync_dir(dest / folder)
+    if durable:
+        for folder in {os.path.dirname(path) for path in group.records}:
+            fsync_dir(dest / folder)
     commits.remove()
     return group.records
 

@@ -10,8 +10,10 @@ checks those files' bytes against their recorded digests before it keeps them.
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import tarfile
 from pathlib import Path
 
 from tests.conftest import Bucket
@@ -92,3 +94,39 @@ def test_a_durable_run_says_so_and_its_tree_is_trusted_after_any_boot(
     assert again.code == 0
     assert "already complete (6 files" in again.stderr
     assert_identical(out, files)
+
+
+def test_an_unsynced_unpack_is_unpacked_again_after_a_crash_and_a_durable_one_is_trusted(
+    web, run_initializer, tmp_path
+):
+    members = dataset(42, {f"part-{i}.json": 5_000 + i for i in range(4)})
+    url = web.put("/x/parts.tar.gz", tar_gz(members))
+    out = tmp_path / "out"
+    args = ("--storage-uri", url, "--output", str(out))
+    assert run_initializer("dataset", *args).code == 0
+    assert _head(out)["durable"] is False and _head(out)["boot_id"]
+    _zero_in_place(out / "part-1.json")
+    _as_if_written_by_an_earlier_boot(out)
+
+    again = run_initializer("dataset", *args)
+    assert again.code == 0, again.stderr
+    assert "unpacked" in again.stderr
+    assert_identical(out, members)
+
+    durable = tmp_path / "durable"
+    run = ("--storage-uri", url, "--output", str(durable), "--durable")
+    assert run_initializer("dataset", *run).code == 0
+    assert _head(durable)["durable"] is True
+    _as_if_written_by_an_earlier_boot(durable)
+    trusted = run_initializer("dataset", *run)
+    assert trusted.code == 0 and "already complete" in trusted.stderr
+
+
+def tar_gz(members: dict[str, bytes]) -> bytes:
+    packed = io.BytesIO()
+    with tarfile.open(fileobj=packed, mode="w:gz") as archive:
+        for name, body in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(body)
+            archive.addfile(info, io.BytesIO(body))
+    return packed.getvalue()

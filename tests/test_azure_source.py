@@ -19,6 +19,7 @@ from initializers.sources import open_source
 from initializers.sources.azure import DEV_ACCOUNT, DEV_KEY
 from tests.conftest import tree
 from tests.reliability.conftest import dataset
+from tests.servers.tls import self_signed
 from tests.servers.tokens import TokenServer
 
 MIB = 1 << 20
@@ -227,10 +228,13 @@ def jwt_for_storage(tenant: str) -> str:
 
 @pytest.fixture
 def entra() -> Iterator[Callable[[Callable[[dict[str, str]], bool]], TokenServer]]:
+    """An Entra stand-in over https (msal takes no other authority), issuing Storage tokens
+    Azurite's OAuth check accepts when ``accept`` says so."""
     started: list[TokenServer] = []
 
     def start(accept: Callable[[dict[str, str]], bool]) -> TokenServer:
-        server = TokenServer(lambda form: jwt_for_storage(TENANT) if accept(form) else None)
+        issue = lambda form: jwt_for_storage(TENANT) if accept(form) else None  # noqa: E731
+        server = TokenServer(issue, https=True)
         started.append(server)
         return server
 
@@ -239,7 +243,26 @@ def entra() -> Iterator[Callable[[Callable[[dict[str, str]], bool]], TokenServer
         server.stop()
 
 
-@pytest.mark.parametrize("identity", ["service-principal", "workload-identity"])
+def trust_both(azurite, tokens: TokenServer, folder: Path) -> str:
+    """One CA bundle for --ca-bundle: Azurite's certificate and the token stand-in's."""
+    assert tokens.ca_file is not None
+    bundle = folder / "ca-bundle.pem"
+    bundle.write_text(azurite.ca_file.read_text() + tokens.ca_file.read_text())
+    return str(bundle)
+
+
+def entra_env(azurite, tokens: TokenServer, container: str, out: Path, **extra: str) -> dict:
+    return env_for(
+        f"az://{container}/d",
+        out,
+        AZURE_STORAGE_CONNECTION_STRING=azurite.connection_string(key=False),
+        AZURE_AUTHORITY_HOST=tokens.url,
+        AWS_CA_BUNDLE=trust_both(azurite, tokens, out.parent),
+        **extra,
+    )
+
+
+@pytest.mark.parametrize("identity", ["service-principal", "workload-identity", "certificate"])
 def test_an_entra_token_reads_the_container_over_https(
     identity, azurite_oauth, container_name, entra, run_initializer, tmp_path
 ):
@@ -253,22 +276,27 @@ def test_an_entra_token_reads_the_container_over_https(
             "AZ_TENANT_ID": TENANT,
             "AZ_CLIENT_SECRET": "sp-secret-8c2e",
         }
-    else:
+    elif identity == "workload-identity":
         tokens = entra(lambda form: form.get("client_assertion") == assertion.read_text())
         extra = {
             "AZURE_CLIENT_ID": "app-1",
             "AZURE_TENANT_ID": TENANT,
             "AZURE_FEDERATED_TOKEN_FILE": str(assertion),
         }
+    else:  # a JWT signed with the certificate's key (the stand-in does not check signatures)
+        tokens = entra(lambda form: form.get("client_assertion", "").count(".") == 2)
+        certificate = tmp_path / "sp.pem"
+        self_signed(tmp_path / "cert.pem", tmp_path / "key.pem")
+        certificate.write_text(
+            (tmp_path / "key.pem").read_text() + (tmp_path / "cert.pem").read_text()
+        )
+        extra = {
+            "AZURE_CLIENT_ID": "app-1",
+            "AZURE_TENANT_ID": TENANT,
+            "AZURE_CLIENT_CERTIFICATE_PATH": str(certificate),
+        }
     out = tmp_path / "out"
-    env = env_for(
-        f"az://{container_name}/d",
-        out,
-        AZURE_STORAGE_CONNECTION_STRING=azurite_oauth.connection_string(key=False),
-        AZURE_AUTHORITY_HOST=tokens.url,
-        AWS_CA_BUNDLE=str(azurite_oauth.ca_file),
-        **extra,
-    )
+    env = entra_env(azurite_oauth, tokens, container_name, out, **extra)
     result = run_initializer("dataset", env=env)
     assert result.code == 0, result.output
     assert tree(out) == {"a.bin": b"e" * 150_000}
@@ -282,17 +310,56 @@ def test_a_refused_service_principal_exits_3(
 ):
     fill(azurite_oauth, container_name, "d", {"a.bin": b"f"})
     tokens = entra(lambda form: False)
-    env = env_for(
-        f"az://{container_name}/d",
-        tmp_path / "out",
-        AZURE_STORAGE_CONNECTION_STRING=azurite_oauth.connection_string(key=False),
-        AZURE_AUTHORITY_HOST=tokens.url,
-        AWS_CA_BUNDLE=str(azurite_oauth.ca_file),
+    out = tmp_path / "out"
+    env = entra_env(
+        azurite_oauth,
+        tokens,
+        container_name,
+        out,
         AZURE_CLIENT_ID="app-1",
         AZURE_TENANT_ID=TENANT,
         AZURE_CLIENT_SECRET="wrong-secret-1d7f",
     )
     result = run_initializer("dataset", env=env)
     assert result.code == 3, result.output
-    assert "cannot get an Azure Storage token (invalid_grant)" in result.stderr
+    assert "cannot get an Azure Storage token (AADSTS7000215)" in result.stderr
     assert "wrong-secret-1d7f" not in result.output
+
+
+@pytest.mark.parametrize("where", ["app-service", "instance-metadata"])
+def test_a_managed_identity_token_reads_the_container(
+    where, azurite_oauth, container_name, run_initializer, tmp_path
+):
+    """App Service (and Arc, Cloud Shell) name their endpoint in the environment; the VM's or
+    AKS node's instance metadata service is asked only with --azure-managed-identity, here at a
+    stand-in (AZURE_POD_IDENTITY_AUTHORITY_HOST), never at 169.254.169.254."""
+    fill(azurite_oauth, container_name, "d", {"m.bin": b"m" * 70_000})
+    tokens = TokenServer(lambda query: jwt_for_storage(TENANT))
+    try:
+        if where == "app-service":
+            extra = {
+                "IDENTITY_ENDPOINT": f"{tokens.url}/msi/token",
+                "IDENTITY_HEADER": tokens.identity_header,
+            }
+        else:
+            extra = {
+                "AZURE_POD_IDENTITY_AUTHORITY_HOST": tokens.url,
+                "AZURE_MANAGED_IDENTITY": "true",
+                "AZURE_CLIENT_ID": "user-assigned-7",
+            }
+        out = tmp_path / "out"
+        env = env_for(
+            f"az://{container_name}/d",
+            out,
+            AZURE_STORAGE_CONNECTION_STRING=azurite_oauth.connection_string(key=False),
+            AWS_CA_BUNDLE=str(azurite_oauth.ca_file),
+            **extra,
+        )
+        result = run_initializer("dataset", env=env)
+    finally:
+        tokens.stop()
+    assert result.code == 0, result.output
+    assert tree(out) == {"m.bin": b"m" * 70_000}
+    assert [r["resource"] for r in tokens.identity_requests] == ["https://storage.azure.com"]
+    if where == "instance-metadata":
+        assert tokens.identity_requests[0]["client_id"] == "user-assigned-7"

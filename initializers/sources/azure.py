@@ -6,8 +6,9 @@ carries it in the host. Credentials, first found wins: ``--anonymous``; a connec
 (``AZURE_STORAGE_CONNECTION_STRING``, which may also name the endpoint, e.g. Azurite's); a SAS
 token; an account key (``AZURE_STORAGE_ACCOUNT_KEY`` or KServe's ``AZURE_STORAGE_ACCESS_KEY``);
 a service principal (``AZURE_CLIENT_ID``/``AZURE_TENANT_ID``/``AZURE_CLIENT_SECRET``, or
-KServe's ``AZ_*``); AKS workload identity (``AZURE_FEDERATED_TOKEN_FILE``); else anonymous, for
-a public container. Blobs are pinned to the ETag listed (``If-Match``) and verified against
+KServe's ``AZ_*``), AKS workload identity (``AZURE_FEDERATED_TOKEN_FILE``), a client certificate
+or managed identity, through azure-identity (:mod:`~.azidentity`); else anonymous, for a public
+container. Blobs are pinned to the ETag listed (``If-Match``) and verified against
 their Content-MD5 when they have one, else by size.
 """
 
@@ -25,7 +26,8 @@ from urllib.parse import quote, urlencode, urlsplit
 from initializers.errors import AuthError, NotFoundError, TransientError, UsageError
 from initializers.httpstatus import range_value, status_error
 from initializers.options import SourceSettings
-from initializers.sources.azauth import API_VERSION, EntraToken, SharedKey
+from initializers.sources.azauth import API_VERSION, SharedKey
+from initializers.sources.azidentity import identity_configured
 from initializers.sources.base import Checksum, Listing, RemoteFile, Source
 from initializers.sources.prefix import Entry, list_prefix, split_location
 from initializers.streams import RangeReader
@@ -42,7 +44,7 @@ DEV_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFP
 NO_CREDENTIALS_HINT = (
     "pass credentials: AZURE_STORAGE_CONNECTION_STRING, AZURE_STORAGE_SAS_TOKEN, "
     "AZURE_STORAGE_ACCOUNT_KEY, a service principal (AZURE_CLIENT_ID, AZURE_TENANT_ID, "
-    "AZURE_CLIENT_SECRET) or AKS workload identity"
+    "AZURE_CLIENT_SECRET), AKS workload identity, or --azure-managed-identity"
 )
 
 
@@ -89,7 +91,7 @@ class AzureSource(Source):
         self._endpoint = (
             connection.get("blobendpoint") or f"https://{account}{PUBLIC_SUFFIX}"
         ).rstrip("/")
-        self._signer, self._sas = _credentials(settings, connection, account, self._transport)
+        self._signer, self._sas = _credentials(settings, connection, account)
 
     @classmethod
     def from_settings(cls, location: str, settings: SourceSettings) -> Self:
@@ -253,7 +255,7 @@ def _parse_connection_string(text: str | None) -> dict[str, str]:
 
 
 def _credentials(
-    settings: SourceSettings, connection: Mapping[str, str], account: str, transport: HttpTransport
+    settings: SourceSettings, connection: Mapping[str, str], account: str
 ) -> tuple[Signer | None, str]:
     """(request signer or None, SAS query string or "") for the first credential found."""
     if settings.anonymous:
@@ -265,19 +267,8 @@ def _credentials(
         return None, sas.lstrip("?")
     if settings.azure_key:
         return SharedKey(account, settings.azure_key), ""
-    federated = settings.azure_federated_token_file
-    if (
-        settings.azure_client_id
-        and settings.azure_tenant_id
-        and (settings.azure_client_secret or federated)
-    ):
-        token = EntraToken(
-            transport,
-            tenant=settings.azure_tenant_id,
-            client_id=settings.azure_client_id,
-            secret=settings.azure_client_secret,
-            federated_token_file=federated,
-            authority=settings.azure_authority,
-        )
-        return token, ""
+    if identity_configured(settings):
+        from initializers.sources.azidentity import IdentityToken  # azure-identity: only now
+
+        return IdentityToken(settings), ""
     return None, ""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from initializers.environment import parse_bool
 from initializers.options import Option, OptionGroup
 
 OPTIONS = OptionGroup(
@@ -60,6 +61,31 @@ OPTIONS = OptionGroup(
             "AKS workload identity token file (with AZURE_CLIENT_ID, AZURE_TENANT_ID, as its "
             "webhook sets them)",
             Path,
+        ),
+        Option(
+            "azure_client_certificate",
+            None,
+            ("AZURE_CLIENT_CERTIFICATE_PATH",),
+            "a service principal's certificate (PEM or PKCS12, with AZURE_CLIENT_ID and "
+            "AZURE_TENANT_ID; azure-identity reads it and AZURE_CLIENT_CERTIFICATE_PASSWORD)",
+        ),
+        Option(
+            "azure_identity_endpoint",
+            None,
+            ("IDENTITY_ENDPOINT", "MSI_ENDPOINT"),
+            "the managed identity endpoint App Service, Azure Arc and Cloud Shell set "
+            "(azure-identity reads it and its companions)",
+        ),
+        Option(
+            "azure_managed_identity",
+            "--azure-managed-identity",
+            ("AZURE_MANAGED_IDENTITY",),
+            "use the managed identity of the VM or AKS node (its instance metadata service; "
+            "AZURE_CLIENT_ID picks a user-assigned one); App Service, Azure Arc and Cloud Shell "
+            "are found without it",
+            parse_bool,
+            default=False,
+            switch=True,
         ),
         Option(
             "azure_authority",

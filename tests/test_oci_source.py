@@ -367,6 +367,23 @@ def test_a_token_registry_is_answered_with_a_pull_token_for_the_repository(
     assert anonymous.code == 3
 
 
+def test_a_public_repository_behind_token_auth_is_read_with_an_anonymous_token(
+    token_registry, model_folder, run_initializer, tmp_path
+):
+    token_registry.push_files("public/model:v1", model_folder, ["config.json"])
+    token_registry.public = True  # as Docker Hub gives anonymous pull tokens
+    try:
+        token_registry.token_requests.clear()
+        result = fetch(run_initializer, token_registry, "public/model:v1", tmp_path / "out")
+    finally:
+        token_registry.public = False
+    assert result.code == 0, result.output
+    assert tree(tmp_path / "out") == {"config.json": MODEL["config.json"]}
+    assert [r.get("scope") for r in token_registry.token_requests] == [
+        "repository:public/model:pull"
+    ]
+
+
 def test_blob_redirects_to_object_storage_are_followed_without_the_registry_credentials(
     registry, web, model_folder, run_initializer, tmp_path
 ):

@@ -104,6 +104,7 @@ class Registry:
         self.realm: str | None = None  # the token endpoint's URL, once started
         self.token_requests: list[dict[str, str]] = []
         self.token_lifetime = 300  # seconds each token the endpoint issues is valid for
+        self.public = False  # token auth: anonymous clients get tokens too (as Docker Hub's do)
         # Blob GETs answered with a redirect to this base URL + the blob's storage path (the
         # redirect middleware, as a registry on object storage redirects to presigned URLs).
         self.blob_redirect = blob_redirect
@@ -462,7 +463,11 @@ def _token_handler(registry: Registry) -> type[BaseHTTPRequestHandler]:
                 return
             params = parse_qs(url.query, keep_blank_values=True)
             registry.token_requests.append({k: " ".join(v) for k, v in params.items()})
-            if self.headers.get("Authorization") != _basic():
+            anonymous = self.headers.get("Authorization") is None
+            if (
+                not (anonymous and registry.public)
+                and self.headers.get("Authorization") != _basic()
+            ):
                 self._send(401, {"details": "credentials required"}, basic=True)
                 return
             lifetime = registry.token_lifetime

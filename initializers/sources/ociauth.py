@@ -218,7 +218,9 @@ class RegistryAuth:
         """What a request refused with the best header there is to send means."""
         if self._login is None:
             return AuthError(
-                f"{self._where}: the registry gives no anonymous access; {CREDENTIALS_HINT}"
+                f"{self._where}: the registry gives no anonymous access to this repository (or "
+                f"it does not exist: registries such as Docker Hub say so alike); "
+                f"{CREDENTIALS_HINT}"
             )
         return self._wrong()
 

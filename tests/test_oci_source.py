@@ -39,15 +39,14 @@ def model_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def fetch(run_initializer, registry: Registry, target: str, out: Path, *args: str, **env: str):
-    return run_initializer(
-        "model",
-        "--storage-uri",
-        f"oci://{registry.ref(target)}",
-        "--output",
-        str(out),
-        *args,
-        env={"OCI_INSECURE_REGISTRIES": registry.host, **env},
-    )
+    """The model initializer on ``target``, the registry named as plain http."""
+    insecure = {"OCI_INSECURE_REGISTRIES": registry.host, **env}
+    return initialize(run_initializer, registry, target, out, *args, env=insecure)
+
+
+def initialize(run_initializer, registry: Registry, target: str, out: Path, *args: str, env=None):
+    uri = f"oci://{registry.ref(target)}"
+    return run_initializer("model", "--storage-uri", uri, "--output", str(out), *args, env=env)
 
 
 def fetch_as_user(run_initializer, registry: Registry, target: str, out: Path):
@@ -291,16 +290,9 @@ def docker_config(registry: Registry, password: str | None = None) -> str:
 
 
 def secure_fetch(run_initializer, registry: Registry, target: str, out: Path, **env: str):
-    return run_initializer(
-        "model",
-        "--storage-uri",
-        f"oci://{registry.ref(target)}",
-        "--output",
-        str(out),
-        "--ca-bundle",
-        str(registry.ca_file),
-        env=env,
-    )
+    """The model initializer on ``target`` over TLS, trusting the registry's CA."""
+    ca = ("--ca-bundle", str(registry.ca_file))
+    return initialize(run_initializer, registry, target, out, *ca, env=env)
 
 
 def test_basic_auth_over_tls_takes_credentials_from_env_a_pull_secret_or_an_auth_file(
@@ -341,13 +333,7 @@ def test_wrong_or_missing_credentials_exit_3_without_the_password(
 def test_without_the_registry_ca_tls_is_refused_with_the_fix(
     basic_registry, run_initializer, tmp_path
 ):
-    result = run_initializer(
-        "model",
-        "--storage-uri",
-        f"oci://{basic_registry.ref('private/model:v1')}",
-        "--output",
-        str(tmp_path / "out"),
-    )
+    result = initialize(run_initializer, basic_registry, "private/model:v1", tmp_path / "out")
     assert result.code == 2
     assert "--ca-bundle" in result.stderr and "OCI_INSECURE_REGISTRIES" in result.stderr
 

@@ -10,14 +10,13 @@ checks those files' bytes against their recorded digests before it keeps them.
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import tarfile
 from pathlib import Path
 
 from tests.conftest import Bucket
 from tests.reliability.conftest import assert_identical, dataset, fill, s3_env
+from tests.servers.registry import tar_bytes
 
 MANIFEST = ".initializer-manifest.json"
 SIZES = {f"shard-{i}.bin": 4096 * (i + 1) for i in range(6)}
@@ -100,7 +99,7 @@ def test_an_unsynced_unpack_is_unpacked_again_after_a_crash_and_a_durable_one_is
     web, run_initializer, tmp_path
 ):
     members = dataset(42, {f"part-{i}.json": 5_000 + i for i in range(4)})
-    url = web.put("/x/parts.tar.gz", tar_gz(members))
+    url = web.put("/x/parts.tar.gz", tar_bytes(dict(members), gzip=True))
     out = tmp_path / "out"
     args = ("--storage-uri", url, "--output", str(out))
     assert run_initializer("dataset", *args).code == 0
@@ -120,13 +119,3 @@ def test_an_unsynced_unpack_is_unpacked_again_after_a_crash_and_a_durable_one_is
     _as_if_written_by_an_earlier_boot(durable)
     trusted = run_initializer("dataset", *run)
     assert trusted.code == 0 and "already complete" in trusted.stderr
-
-
-def tar_gz(members: dict[str, bytes]) -> bytes:
-    packed = io.BytesIO()
-    with tarfile.open(fileobj=packed, mode="w:gz") as archive:
-        for name, body in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(body)
-            archive.addfile(info, io.BytesIO(body))
-    return packed.getvalue()

@@ -173,7 +173,7 @@ def unpack_layers(
     patterns and the weights preference need the whole tree. Members are then written layer by
     layer in archive order, so a compressed stream is read forward."""
     with contextlib.ExitStack() as layers:
-        tree: dict[str, _Placed] = {}
+        tree = _Tree()
         for index, layer in enumerate(plan.layers):
             members = (
                 _placed_file(layer, staging)
@@ -183,7 +183,7 @@ def unpack_layers(
             for position, member in enumerate(members):
                 if _wanted(member.name, plan.root):
                     _apply(tree, _Placed(index, position, member), plan.whiteouts)
-        kept = _resolve_links(tree)
+        kept = _resolve_links(tree.placed)
         if plan.root:
             prefix = f"{plan.root}/"
             kept = {n.removeprefix(prefix): p for n, p in kept.items() if n.startswith(prefix)}
@@ -236,7 +236,33 @@ def _wanted(raw: str, root: str) -> bool:
     return posixpath.basename(name.rstrip("/")).startswith(WHITEOUT)
 
 
-def _apply(tree: dict[str, _Placed], placed: _Placed, whiteouts: bool) -> None:
+class _Tree:
+    """The members the layers so far make, by name. It remembers every name that was ever a
+    folder, so a file laid over a name walks the tree only where it may replace a folder: a
+    walk per member made an image of 20,000 files take 12.5 s to plan."""
+
+    def __init__(self) -> None:
+        self.placed: dict[str, _Placed] = {}
+        self._folders: set[str] = set()
+
+    def put(self, name: str, placed: _Placed) -> None:
+        self.placed[name] = placed
+        folder = posixpath.dirname(name)
+        while folder and folder not in self._folders:
+            self._folders.add(folder)
+            folder = posixpath.dirname(folder)
+
+    def remove_below(self, folder: str, layer: int) -> None:
+        """Drop what layers below ``layer`` put under ``folder`` ("": the root)."""
+        if folder and folder not in self._folders:
+            return
+        prefix = f"{folder}/" if folder else ""
+        below = [n for n, p in self.placed.items() if n.startswith(prefix) and p.layer < layer]
+        for name in below:
+            del self.placed[name]
+
+
+def _apply(tree: _Tree, placed: _Placed, whiteouts: bool) -> None:
     """Lay one member over the tree the layers below it made."""
     member = placed.member
     name = _checked_name(member)
@@ -245,30 +271,24 @@ def _apply(tree: dict[str, _Placed], placed: _Placed, whiteouts: bool) -> None:
     if whiteouts:
         folder, base = posixpath.split(name)
         if base == OPAQUE:
-            _remove_below(tree, f"{folder}/" if folder else "", placed.layer)
+            tree.remove_below(folder, placed.layer)
             return
         if base.startswith(WHITEOUT):
             hidden = posixpath.join(folder, base[len(WHITEOUT) :])
-            tree.pop(hidden, None)
-            _remove_below(tree, f"{hidden}/", placed.layer)
+            tree.placed.pop(hidden, None)
+            tree.remove_below(hidden, placed.layer)
             return
-        tree.pop(name, None)  # what a lower layer had under this name: a file, or a link
+        tree.placed.pop(name, None)  # what a lower layer had under this name: a file, or a link
         if member.kind != "dir":  # a folder entry merges with the folder below; a file does not
-            _remove_below(tree, f"{name}/", placed.layer)
-            tree[name] = placed
+            tree.remove_below(name, placed.layer)
+            tree.put(name, placed)
         return
     if member.kind == "dir":
         return
-    if name in tree:
+    if name in tree.placed:
         log.warning("skipped %r: it appears twice in the archive; the first is kept", name)
         return
-    tree[name] = placed
-
-
-def _remove_below(tree: dict[str, _Placed], prefix: str, layer: int) -> None:
-    """Drop what layers below ``layer`` put under the folder ``prefix`` ("": the root)."""
-    for name in [n for n, p in tree.items() if n.startswith(prefix) and p.layer < layer]:
-        del tree[name]
+    tree.put(name, placed)
 
 
 def _resolve_links(tree: dict[str, _Placed]) -> dict[str, _Placed]:

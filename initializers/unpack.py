@@ -369,16 +369,17 @@ def _write_member(
     stop: threading.Event,
     last_use: bool = True,
 ) -> None:
-    if stop.is_set():
-        raise Interrupted("stopped by a signal while unpacking; rerun to finish")
+    _unless_stopped(stop)
     final = dest / name
     try:
         make_room_for(dest, final, None, "the archive")
     except OSError as exc:
         raise storage_error(exc, final) from None
     part = part_path(final)
+    moved = member.staged is not None and last_use  # a verified blob: moved, not copied
     try:
-        if member.staged is not None and last_use:  # a verified blob: moved, not copied
+        if moved:
+            assert member.staged is not None
             os.replace(member.staged, part)
             fd = os.open(part, os.O_RDWR | os.O_NOFOLLOW)
         else:
@@ -386,7 +387,7 @@ def _write_member(
     except OSError as exc:
         raise storage_error(exc, final) from None
     try:
-        size = os.fstat(fd).st_size if member.staged and last_use else _copy(member, fd, stop)
+        size = os.fstat(fd).st_size if moved else _copy(member, fd, stop)
         if member.kind == "file" and size != member.size:
             raise IntegrityError(
                 f"{name}: the archive says {member.size} bytes, its data has {size}"
@@ -396,6 +397,11 @@ def _write_member(
         raise storage_error(exc, final) from None
     finally:
         os.close(fd)
+
+
+def _unless_stopped(stop: threading.Event) -> None:
+    if stop.is_set():
+        raise Interrupted("stopped by a signal while unpacking; rerun to finish")
 
 
 def _copy(member: Member, fd: int, stop: threading.Event) -> int:
@@ -409,8 +415,7 @@ def _copy(member: Member, fd: int, stop: threading.Event) -> int:
     try:
         with member.open() as body:
             while chunk := body.read(COPY_CHUNK):
-                if stop.is_set():  # SIGTERM: within a chunk, even inside a huge member
-                    raise Interrupted("stopped by a signal while unpacking; rerun to finish")
+                _unless_stopped(stop)  # SIGTERM: within a chunk, even inside a huge member
                 view = memoryview(chunk)
                 while view:
                     view = view[os.write(fd, view) :]
@@ -475,8 +480,7 @@ def _copy_extent(extent: tuple[Path, int], size: int, fd: int, stop: threading.E
     copied = 0
     with path.open("rb") as source:
         while copied < size:
-            if stop.is_set():
-                raise Interrupted("stopped by a signal while unpacking; rerun to finish")
+            _unless_stopped(stop)
             count = min(COPY_EXTENT, size - copied)
             moved = os.copy_file_range(source.fileno(), fd, count, offset + copied, copied)
             if moved == 0:

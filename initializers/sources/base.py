@@ -82,9 +82,6 @@ class Listing:
             self.rest = None
 
 
-ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".zip")
-
-
 @dataclass(frozen=True)
 class Layer:
     """One blob of a :class:`Layered` listing: an archive to unpack, or one file to place."""
@@ -115,20 +112,10 @@ class Layered:
 class Source(ABC):
     """A storage backend, selected by URI scheme through :mod:`initializers.sources`."""
 
-    unpacks_archives = False  # a single .tar/.tar.gz/.tgz/.zip it lists is unpacked (KServe's rule)
-
     def layered(self, listing: Listing) -> Layered | None:
-        """What the listing makes only once unpacked; None for files fetched as they are.
-        By default the one archive a source that ``unpacks_archives`` lists, alone."""
-        if not self.unpacks_archives or listing.rest is not None:
-            return None
-        files = listing.files
-        if len(files) != 1:
-            return None
-        only = next(iter(files))
-        if not only.path.lower().endswith(ARCHIVE_SUFFIXES):
-            return None
-        return Layered((Layer(only),), only.version)
+        """What the listing makes only once unpacked (an archive, an image's layers); None,
+        as for most sources, for files fetched as they are."""
+        return None
 
     @classmethod
     @abstractmethod

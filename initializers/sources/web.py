@@ -37,10 +37,11 @@ from initializers import checksum as checksums
 from initializers.errors import InitializerError, IntegrityError, UsageError
 from initializers.fsutil import UnsafePathError, safe_relpath
 from initializers.options import SourceSettings
-from initializers.sources.base import Checksum, Listing, RemoteFile, Source
+from initializers.sources.base import Checksum, Layer, Layered, Listing, RemoteFile, Source
 from initializers.streams import RangeReader
 from initializers.transport import HttpTransport
 
+ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".zip")
 _TOTAL = re.compile(r"/(\d+)\s*$")
 _PIN = re.compile(r"(\w+)=([0-9a-fA-F]+)")
 
@@ -64,8 +65,6 @@ def pinned_digest(fragment: str, shown: str) -> Checksum | None:
 
 class WebSource(Source):
     """The file at an http(s) URL."""
-
-    unpacks_archives = True
 
     def __init__(self, url: str, settings: SourceSettings) -> None:
         parts = urlsplit(url)
@@ -107,6 +106,13 @@ class WebSource(Source):
             if headers.get("Content-Length") != "0" or "Content-Range" in headers:
                 raise refused from None
         return Listing(None, [self._remote(headers)])
+
+    def layered(self, listing: Listing) -> Layered | None:
+        """A ``.tar``, ``.tar.gz``/``.tgz`` or ``.zip`` is unpacked (KServe's rule)."""
+        only = listing.files[0]
+        if not only.path.lower().endswith(ARCHIVE_SUFFIXES):
+            return None
+        return Layered((Layer(only),), only.version)
 
     def _probe(self, *, ranged: bool) -> Mapping[str, str]:
         """The response headers of a GET of the first byte (not ``ranged``: of the whole file;

@@ -30,13 +30,19 @@ REFRESH_BEFORE = 300  # seconds before its expiry a token is replaced
 
 def identity_configured(settings: SourceSettings) -> bool:
     """Whether the run has an Entra identity to use (else: anonymous, as today)."""
+    return bool(_configured(settings))
+
+
+def _configured(settings: SourceSettings) -> list[str]:
+    """The credentials these settings configure, in the module's order (nothing imported)."""
     pair = settings.azure_client_id and settings.azure_tenant_id
-    federated = settings.azure_client_secret or settings.azure_federated_token_file
-    return bool(
-        (pair and (federated or settings.azure_client_certificate))
-        or settings.azure_managed_identity
-        or settings.azure_identity_endpoint
-    )
+    kinds = {
+        "secret": pair and settings.azure_client_secret,
+        "workload": pair and settings.azure_federated_token_file,
+        "certificate": pair and settings.azure_client_certificate,
+        "managed": settings.azure_managed_identity or settings.azure_identity_endpoint,
+    }
+    return [kind for kind, given in kinds.items() if given]
 
 
 class IdentityToken:
@@ -90,23 +96,23 @@ def _chain(settings: SourceSettings) -> Any:
     if settings.ca_bundle:
         common["connection_verify"] = settings.ca_bundle
     client, tenant = settings.azure_client_id, settings.azure_tenant_id
-    members: list[Any] = []
-    if client and tenant and settings.azure_client_secret:
-        members.append(
-            ClientSecretCredential(tenant, client, settings.azure_client_secret, **common)
-        )
-    if client and tenant and settings.azure_federated_token_file:
-        token_file = str(settings.azure_federated_token_file)
-        members.append(
-            WorkloadIdentityCredential(
-                tenant_id=tenant, client_id=client, token_file_path=token_file, **common
-            )
-        )
-    if settings.azure_client_certificate:
-        members.append(EnvironmentCredential(**common))
-    if settings.azure_managed_identity or settings.azure_identity_endpoint:
-        verify = {"connection_verify": settings.ca_bundle} if settings.ca_bundle else {}
-        members.append(ManagedIdentityCredential(client_id=client, **verify))
+    made = {
+        "secret": lambda: ClientSecretCredential(
+            tenant, client, settings.azure_client_secret, **common
+        ),
+        "workload": lambda: WorkloadIdentityCredential(
+            tenant_id=tenant,
+            client_id=client,
+            token_file_path=str(settings.azure_federated_token_file),
+            **common,
+        ),
+        "certificate": lambda: EnvironmentCredential(**common),
+        "managed": lambda: ManagedIdentityCredential(
+            client_id=client,
+            **({"connection_verify": settings.ca_bundle} if settings.ca_bundle else {}),
+        ),
+    }
+    members = [made[kind]() for kind in _configured(settings)]
     # One member alone, not a chain of one: its own error is the one to show.
     return members[0] if len(members) == 1 else ChainedTokenCredential(*members)
 

@@ -12,7 +12,11 @@ asset: the same command, except for tools whose own answer to that is a differen
 
 from __future__ import annotations
 
+import compileall
+import dataclasses
+import re
 import shlex
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,13 +30,15 @@ HUB_REPOS = {"model": ("bench/model", "model"), "dataset": ("bench/dataset", "da
 @dataclass(frozen=True)
 class Task:
     """What to fetch: from which endpoint ("s3", "hf", or the emulators' "gcs" and "az"), which
-    asset, first run or a rerun, whether from the delayed endpoints (the latency scenarios), and
+    asset, first run or a rerun, whether from the delayed endpoints (the latency scenarios),
+    whether every byte must be on stable storage before the exit (the durable scenarios), and
     for ours the shared asset store to use (``CACHE_DIR``; the second-trainjob scenarios)."""
 
     source: str
     asset: str
     rerun: bool = False
     delayed: bool = False
+    durable: bool = False
     cache: Path | None = None
 
 
@@ -101,12 +107,18 @@ class Contender:
     reference = False  # not an S3/Hub client: a yardstick (disk copy, raw GETs)
     skips_complete = False  # a rerun into a complete destination fetches nothing
     resumes_partial = False  # a rerun after a kill continues half-written files
+    durable = False  # plays the durable scenarios (all bytes synced before the exit), only those
+    optional = False  # runs only when named (--only): the write-size variants
 
     def command(self, ctx: Context, task: Task, dest: Path) -> Invocation | None:
         raise NotImplementedError
 
     def applies(self, task: Task) -> bool:
-        return task.source in self.sources and task.asset in self.assets
+        return (
+            task.source in self.sources
+            and task.asset in self.assets
+            and task.durable == self.durable
+        )
 
 
 class Ours(Contender):
@@ -171,6 +183,49 @@ class Ours(Contender):
             'exit "$rc"',
         ]
         return Invocation(["/bin/bash", "-c", "\n".join(lines)], base.env)
+
+
+class OursDurable(Ours):
+    """Ours with ``--durable``: every file and folder on stable storage before exit 0."""
+
+    name, label = "ours-durable", "kf-initializers --durable (this project)"
+    sources, assets = ("s3",), ("model",)
+    durable = True
+
+    def command(self, ctx: Context, task: Task, dest: Path) -> Invocation:
+        base = super().command(ctx, task, dest)
+        return Invocation([*base.argv, "--durable"], base.env)
+
+
+class OursWriteSize(Ours):
+    """Ours with another :data:`initializers.fsutil.WRITE_SIZE` (a copy of the measured code
+    with that one constant changed), for the write-size sweep: ``--only ours,ours-w64k,...``."""
+
+    optional = True
+
+    def __init__(self, kib: int) -> None:
+        self.kib = kib
+        self.name = f"ours-w{kib}k"
+        self.label = f"kf-initializers, writes of {kib} KiB"
+
+    def command(self, ctx: Context, task: Task, dest: Path) -> Invocation:
+        assert ctx.ours_src is not None, "the variants are copies of the measured code"
+        variant = ctx.ours_src.parent / f"src-w{self.kib}k"
+        if not variant.exists():
+            shutil.copytree(ctx.ours_src, variant)
+            fsutil = variant / "initializers" / "fsutil.py"
+            text, count = re.subn(
+                r"^WRITE_SIZE = .*$",
+                f"WRITE_SIZE = {self.kib << 10}",
+                fsutil.read_text(),
+                count=1,
+                flags=re.MULTILINE,
+            )
+            if count != 1:
+                raise RuntimeError(f"{fsutil}: no WRITE_SIZE line to change")
+            fsutil.write_text(text)
+            compileall.compile_dir(variant, quiet=1)
+        return super().command(dataclasses.replace(ctx, ours_src=variant), task, dest)
 
 
 class S5cmd(Contender):
@@ -376,8 +431,33 @@ class DiskCopy(Contender):
         return Invocation(["/bin/bash", "-c", script])
 
 
+class DiskFloor(Contender):
+    """Reference for the durable scenarios: each file copied from the fixture folder (page
+    cache) by ``dd bs=4M conv=fdatasync``, one after the other: what the disk takes to hold
+    these bytes on stable storage, whoever writes them."""
+
+    name, label = "disk-floor", "dd conv=fdatasync of the same files (disk floor)"
+    sources, assets = ("s3",), ("model",)
+    reference = durable = True
+
+    def command(self, ctx: Context, task: Task, dest: Path) -> Invocation:
+        listing = ctx.scratch / "floor-list.txt"
+        listing.write_text("\n".join(sorted(ctx.fixture.expected(task.asset))) + "\n")
+        source = ctx.fixture.source_path(task.asset)
+        script = (
+            f"cd {shlex.quote(str(source))} && while IFS= read -r f; do "
+            f'mkdir -p "{dest}/$(dirname "$f")" && '
+            f'dd if="$f" of="{dest}/$f" bs=4M conv=fdatasync status=none || exit 1; '
+            f"done < {shlex.quote(str(listing))}"
+        )
+        return Invocation(["/bin/bash", "-c", script])
+
+
+WRITE_SIZES_KIB = (32, 64, 128, 256, 1024)
+
 ALL: tuple[Contender, ...] = (
     Ours(),
+    OursDurable(),
     S5cmd(),
     AwsCli(),
     Boto3(),
@@ -389,12 +469,14 @@ ALL: tuple[Contender, ...] = (
     HfObstore(),
     Curl8(),
     DiskCopy(),
+    DiskFloor(),
+    *(OursWriteSize(kib) for kib in WRITE_SIZES_KIB),
 )
 
 
 def by_names(names: str | None) -> list[Contender]:
     if not names:
-        return list(ALL)
+        return [c for c in ALL if not c.optional]
     wanted = [n.strip() for n in names.split(",") if n.strip()]
     known = {c.name: c for c in ALL}
     unknown = [n for n in wanted if n not in known]

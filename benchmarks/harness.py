@@ -6,13 +6,14 @@ same against the endpoints that wait before every response's first byte, see
 left), ``resume`` (SIGKILL at about half the bytes written, then rerun), ``second-trainjob``
 (ours links a new workspace to the asset store an earlier run filled, each peer fetches afresh),
 ``shards`` (ours as K = 1, 2, 4 processes, each behind its own rate-capped proxy, see
-:mod:`benchmarks.rateproxy`); source ``s3`` or ``hf`` (nginx), or ``gcs`` or ``az``
+:mod:`benchmarks.rateproxy`), ``durable`` (ours with ``--durable`` against the disk's floor, ``dd
+conv=fdatasync`` of the same files); source ``s3`` or ``hf`` (nginx), or ``gcs`` or ``az``
 (fake-gcs-server and Azurite, :mod:`benchmarks.cloudemulators`, cold only); asset ``model`` or
-``dataset``. ``cold``, ``latency`` and ``second-trainjob`` run ours and each peer back to back,
-the order alternating; ``warm`` and ``resume`` (absolute figures) interleave the contenders;
-``shards`` runs its variants forwards and backwards in turn. Every run also records the delay
-from its spawn to the arrival of its first data GET at nginx (not the emulators' runs: no nginx
-is in their path).
+``dataset``. ``cold``, ``latency``, ``durable`` and ``second-trainjob`` run ours and each peer
+back to back, the order alternating; ``warm`` and ``resume`` (absolute figures) interleave the
+contenders; ``shards`` runs its variants forwards and backwards in turn. Every run also records
+the delay from its spawn to the arrival of its first data GET at nginx (not the emulators' runs:
+no nginx is in their path).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from benchmarks.rateproxy import RateProxy
 
 MiB = 1 << 20
 SECOND_TRAINJOB, SHARDS = "second-trainjob", "shards"
-KINDS = ("cold", "latency", "warm", "resume", SECOND_TRAINJOB, SHARDS)
+KINDS = ("cold", "latency", "durable", "warm", "resume", SECOND_TRAINJOB, SHARDS)
 SOURCES = ("s3", "hf", *CLOUD_SOURCES)
 NGINX_ENDPOINT = {"s3": "s3", "hf": "hub"}  # the access log's name of each source nginx serves
 PAIRED_KINDS = schedule.PAIRED_KINDS
@@ -46,7 +47,7 @@ DEFAULT_SCENARIOS = (
     "latency-s3-dataset", "latency-hf-dataset",
     "warm-s3-model", "warm-hf-model", "resume-s3-model", "resume-hf-model",
     "second-trainjob-s3-model", "second-trainjob-hf-model", "shards-s3-dataset",
-    "cold-s3-files",
+    "cold-s3-files", "durable-s3-model",
 )  # fmt: skip
 # "files": 100,000 small objects, in cold-s3-files only (ours and s5cmd): a round takes ~1
 # minute. A million: `make bench-manyfiles` (benchmarks/manyfiles.py).
@@ -118,13 +119,15 @@ def parse_scenarios(raw: str | None) -> list[str]:
             raise ValueError(f"{item!r}: the {source} emulator has only the cold scenario")
         if kind == SHARDS and source != "s3":
             raise ValueError(f"{item!r}: the sharding scenario runs on S3 (its proxies relay S3)")
+        if kind == "durable" and item != "durable-s3-model":
+            raise ValueError(f"{item!r}: the durable scenario is durable-s3-model")
         out.append(item)
     return list(dict.fromkeys(out))
 
 
 def _task(scenario: str, rerun: bool = False) -> Task:
     kind, source, asset = parts(scenario)
-    return Task(source, asset, rerun, delayed=kind == "latency")
+    return Task(source, asset, rerun, delayed=kind == "latency", durable=kind == "durable")
 
 
 def _remove(path: Path) -> None:
@@ -152,7 +155,7 @@ class Harness:
 
     def __init__(
         self, ctx: Context, endpoints: Endpoints, out: Path, log=print,
-        shard_cap_mib_s: float = SHARD_CAP_MIB_S,
+        shard_cap_mib_s: float = SHARD_CAP_MIB_S, idle_s: float = 0.0,
     ) -> None:  # fmt: skip
         self.ctx = ctx
         self.endpoints = endpoints
@@ -160,6 +163,7 @@ class Harness:
         self.runs = out / "runs"  # each run's destination: a fresh folder (destinations.py)
         self.log = log
         self.shard_cap_mib_s = shard_cap_mib_s
+        self.idle_s = idle_s  # a pause before each paired run: the machine idle, not back to back
         self.records: list[RunRecord] = []
 
     # -- helpers ---------------------------------------------------------------------------
@@ -261,12 +265,17 @@ class Harness:
             return
         names = list(playing)
         paired = kind in PAIRED_KINDS
-        slots = schedule.paired(names, rounds) if paired else schedule.interleaved(names, rounds)
-        how = "paired with ours, order alternating" if paired else "interleaved"
+        anchor = schedule.anchor_of(kind)
+        slots = (
+            schedule.paired(names, rounds, anchor)
+            if paired
+            else schedule.interleaved(names, rounds)
+        )
+        how = f"paired with {anchor}, order alternating" if paired else "interleaved"
         self.log(f"{scenario}: {', '.join(names)}; {rounds} round(s), {how}")
         warm_ready: set[str] = set()
         if paired:
-            self._warm_up(scenario, playing.get("ours") or playing[names[0]])
+            self._warm_up(scenario, playing.get(anchor) or playing[names[0]])
         for i, slot in enumerate(slots):
             contender = playing[slot.contender]
             tag = f"{scenario}-{i:03d}-r{slot.round}-{contender.name}"
@@ -295,6 +304,8 @@ class Harness:
     def _cold(self, scenario: str, contender: Contender, slot: schedule.Slot, tag: str) -> None:
         dest = self.runs / tag
         self._clean(dest)
+        if self.idle_s:
+            time.sleep(self.idle_s)
         m, traffic = self._invoke(contender, _task(scenario), dest, tag)
         self._record(scenario, contender, slot, m, dest, traffic)
         self._clean(dest)

@@ -32,6 +32,7 @@ FIRST_GET_GOALS = {"s3": 0.25, "hf": 0.4}
 SECOND_TRAINJOB_GOAL_S = 1.0  # issue 15: ours into a new workspace with a warm asset store
 MANY = schedule.MANY_FILES_SCENARIO  # 100,000 small objects: no target, per-file costs
 SHARDING_GOAL = 0.8  # issue 16: aggregate(K) >= 0.8 x K x aggregate(1)
+DURABLE_GOAL = 1.10  # issue 40: ours --durable within 10% of the disk floor measured alongside
 
 
 @dataclass
@@ -48,7 +49,7 @@ class Summary:
     data_mib: float
     killed_at: float | None
     first_get_s: float | None = None  # median over the runs that made a data GET
-    vs_ours: ratios.PairedRatio | None = None  # paired kinds: this peer's time over ours
+    vs_ours: ratios.PairedRatio | None = None  # paired kinds: this peer's time over the anchor's
     note: str = ""  # the first problem of a failed run, if any
 
 
@@ -66,6 +67,7 @@ def summarize(results: dict) -> dict[str, dict[str, Summary]]:
     for scenario, by_contender in grouped.items():
         total = assets[parts(scenario)[2]]["bytes"]
         every = [r for recs in by_contender.values() for r in recs]
+        anchor = schedule.anchor_of(parts(scenario)[0])
         out[scenario] = {}
         for name, recs in by_contender.items():
             wall = statistics.median(r["wall_s"] for r in recs)
@@ -82,7 +84,7 @@ def summarize(results: dict) -> dict[str, dict[str, Summary]]:
                 data_mib=statistics.median(r["data_bytes"] for r in recs) / MiB,
                 killed_at=_median_or_none(kills),
                 first_get_s=_median_or_none(firsts),
-                vs_ours=None if name == ratios.ANCHOR else ratios.paired_ratio(every, name),
+                vs_ours=None if name == anchor else ratios.paired_ratio(every, name, anchor),
                 note=next((r["problems"][0] for r in recs if r["problems"]), ""),
             )
     return out
@@ -109,6 +111,8 @@ def title(scenario: str, meta: dict) -> str:
     if kind == "latency":
         ms = meta.get("latency_s", 0.02) * 1000
         return f"Latency: cold fetch, {where}, {ms:g} ms before every response's first byte"
+    if kind == "durable":
+        return f"Durable fetch (every file synced before the exit), {where}, against the disk"
     if kind == "second-trainjob":
         return f"Second TrainJob: the same {asset} into a new workspace, {SOURCES.get(source)}"
     if kind == "shards":
@@ -129,16 +133,17 @@ def fmt_bytes(n: float) -> str:
 
 def _paired_table(scenario: str, rows: dict[str, Summary], meta: dict) -> list[str]:
     asset = meta["assets"][parts(scenario)[2]]
+    anchor = schedule.anchor_of(parts(scenario)[0])
     lines = [
         f"### {title(scenario, meta)} ({asset['files']} files, {asset['bytes'] / MiB:,.0f} MiB)",
         "",
-        "| contender | median wall (s) | MiB/s | ours vs it: its time / ours, median of rounds "
-        f"(min{DASH}max) | first data GET (s) | peak RSS (MiB) | CPU (s) | runs ok |",
+        f"| contender | median wall (s) | MiB/s | {anchor} vs it: its time / {anchor}, median of "
+        f"rounds (min{DASH}max) | first data GET (s) | peak RSS (MiB) | CPU (s) | runs ok |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, s in sorted(rows.items(), key=lambda kv: (kv[0] in REFERENCES, kv[1].wall_s)):
-        label = f"**{LABELS.get(name, name)}**" if name == "ours" else LABELS.get(name, name)
-        vs = "" if name == "ours" else fmt_ratio(s.vs_ours)
+        label = f"**{LABELS.get(name, name)}**" if name == anchor else LABELS.get(name, name)
+        vs = "" if name == anchor else fmt_ratio(s.vs_ours)
         lines.append(
             f"| {label} | {s.wall_s:.2f} | {s.mib_s:,.0f} | {vs} | {_fmt_seconds(s.first_get_s)} "
             f"| {s.peak_rss_mib:,.0f} | {s.cpu_s:.1f} | {s.ok_runs}/{s.runs} |"
@@ -217,6 +222,18 @@ def _targets(summary: dict[str, dict[str, Summary]], results: dict) -> list[str]
         if s:
             share = s.data_mib * MiB / assets["model"]["bytes"]
             rows.append((f"{scenario}: rerun fetches ≤ 60%", f"{share:.0%}", share <= 0.60))
+    floor = get("durable-s3-model", "disk-floor")
+    if floor and floor.vs_ours:  # the floor's time over the durable run's, per round
+        slower = 1 / floor.vs_ours.median
+        rows.append(
+            (
+                f"S3 model, ours --durable ≤ {DURABLE_GOAL:g} {TIMES} the disk floor "
+                "(dd conv=fdatasync of the same files, same rounds)",
+                f"{slower:.2f}{TIMES} ({1 / floor.vs_ours.high:.2f}{DASH}"
+                f"{1 / floor.vs_ours.low:.2f}, {floor.vs_ours.rounds} rounds)",
+                slower <= DURABLE_GOAL,
+            )
+        )
     rows += _second_trainjob_targets(results["records"])
     rows += _sharding_targets(results)
     lines = ["| target | measured | met |", "|---|---:|:---:|"]
@@ -554,11 +571,12 @@ def chart(results: dict, path: Path) -> None:
     rows = (len(panels) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(7.5 * cols, 3.6 * rows), squeeze=False)
     for ax, scenario in zip(axes.flat, panels, strict=False):
+        anchor = schedule.anchor_of(parts(scenario)[0])
         items = sorted(summary[scenario].values(), key=lambda s: s.mib_s)
         names = [LABELS.get(s.contender, s.contender) for s in items]
         colors = [
             "#d62728"
-            if s.contender == "ours"
+            if s.contender == anchor
             else ("#bbbbbb" if s.contender in REFERENCES else "#1f77b4")
             for s in items
         ]
@@ -567,7 +585,7 @@ def chart(results: dict, path: Path) -> None:
             if s.contender in REFERENCES:
                 bar.set_hatch("//")
             mark = "" if s.ok_runs == s.runs else " (check failed)"
-            ratio = "" if s.vs_ours is None else f"  ours {s.vs_ours.median:.2f}{TIMES}"
+            ratio = "" if s.vs_ours is None else f"  {anchor} {s.vs_ours.median:.2f}{TIMES}"
             ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2,
                     f" {s.mib_s:,.0f}{ratio}{mark}", va="center", fontsize=8)  # fmt: skip
         ax.set_title(title(scenario, meta), fontsize=9)

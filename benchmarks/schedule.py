@@ -18,7 +18,9 @@ from dataclasses import dataclass
 
 ANCHOR = "ours"
 # Scenario kinds whose figures are ratios, run in pairs; the others (reruns) are interleaved.
-PAIRED_KINDS = ("cold", "latency")
+PAIRED_KINDS = ("cold", "latency", "durable")
+# The durable kind pairs ours in its durable mode with the disk's floor (dd of the same bytes).
+ANCHORS = {"durable": "ours-durable"}
 # The many-files asset (100,000 small objects) and its one scenario: no target, opt-in.
 MANY_FILES = "files"
 MANY_FILES_SCENARIO = f"cold-s3-{MANY_FILES}"
@@ -28,6 +30,11 @@ def parts(scenario: str) -> tuple[str, str, str]:
     """(kind, source, asset) of a scenario name; the kind may hold a dash (second-trainjob)."""
     kind, source, asset = scenario.rsplit("-", 2)
     return kind, source, asset
+
+
+def anchor_of(kind: str) -> str:
+    """The contender a kind's ratios are taken against."""
+    return ANCHORS.get(kind, ANCHOR)
 
 
 @dataclass(frozen=True)

@@ -129,10 +129,15 @@ def _load_sync_file_range() -> Callable[[int, int, int], None]:
 start_writeback = _load_sync_file_range()
 
 
+# The most one ``pwrite`` hands the kernel (a read of up to 1 MiB is written in such pieces).
+WRITE_SIZE = 1 << 20
+
+
 def write_all(fd: int, view: memoryview, offset: int) -> None:
-    """Write all of ``view`` at ``offset`` (``pwrite`` may write less than asked)."""
+    """Write all of ``view`` at ``offset``, at most :data:`WRITE_SIZE` a call (``pwrite`` may
+    also write less than asked)."""
     while view:
-        written = os.pwrite(fd, view, offset)
+        written = os.pwrite(fd, view[:WRITE_SIZE], offset)
         view, offset = view[written:], offset + written
 
 

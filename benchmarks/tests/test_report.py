@@ -107,3 +107,17 @@ def test_the_report_option_rerenders_a_saved_run_with_its_chart(tmp_path: Path) 
     assert cli.main(["--report", str(saved)]) == 0
     assert (tmp_path / "benchmarks.md").read_text() == report.markdown(_results())
     assert (tmp_path / "benchmarks.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_durable_target_is_ours_durable_against_the_disk_floor_of_the_same_rounds() -> None:
+    results = _results()
+    # Round ratios floor/durable: 0.95, 0.80, 0.90 -> durable is 1/0.90 = 1.11x the floor.
+    for rnd, (durable, floor) in enumerate([(2.0, 1.9), (2.5, 2.0), (2.0, 1.8)]):
+        results["records"] += [
+            _rec("durable-s3-model", "ours-durable", rnd, durable, "disk-floor"),
+            _rec("durable-s3-model", "disk-floor", rnd, floor, "disk-floor"),
+        ]
+    text = report.markdown(results)
+    row = next(line for line in text.splitlines() if "the disk floor" in line)
+    assert f"1.11{X} (1.05{D}1.25, 3 rounds)" in row and row.endswith("| **no** |")
+    assert "Durable fetch" in text and "ours-durable vs it" in text

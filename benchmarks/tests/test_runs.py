@@ -88,3 +88,58 @@ def test_the_naive_hfapi_and_obstore_script_fetches_exactly_the_selected_files(
     assert verify.check(dest, fixture, asset) == []  # the model's skipped files stay skipped
     traffic = endpoints.traffic_since(position)["hub"]
     assert traffic.data_bytes == fixture.expected_bytes(asset)
+
+
+def test_the_durable_scenario_pairs_ours_durable_with_the_disk_floor_and_nothing_else() -> None:
+    from benchmarks import contenders, harness
+
+    assert "durable-s3-model" in harness.DEFAULT_SCENARIOS
+    task = harness._task("durable-s3-model")
+    assert task.durable
+    playing = {c.name for c in contenders.by_names(None) if c.applies(task)}
+    assert playing == {"ours-durable", "disk-floor"}
+    cold = harness._task("cold-s3-model")
+    assert not {"ours-durable", "disk-floor"} & {
+        c.name for c in contenders.by_names(None) if c.applies(cold)
+    }
+
+
+def test_ours_durable_is_ours_with_the_durable_flag(ctx: Context, tmp_path: Path) -> None:
+    from benchmarks.contenders import Ours, OursDurable
+
+    task = Task("s3", "model", durable=True)
+    plain = Ours().command(ctx, task, tmp_path / "dest")
+    durable = OursDurable().command(ctx, task, tmp_path / "dest")
+    assert durable.argv == [*plain.argv, "--durable"] and durable.env == plain.env
+
+
+def test_the_disk_floor_writes_the_same_files_synced(ctx: Context, tmp_path: Path) -> None:
+    from benchmarks.contenders import DiskFloor
+
+    dest = tmp_path / "floor"
+    invocation = DiskFloor().command(ctx, Task("s3", "model", durable=True), dest)
+    got = measure.run(invocation.argv, environment(ctx, invocation), tmp_path / "floor.log")
+    assert got.returncode == 0, got.log_tail
+    assert verify.check(dest, ctx.fixture, "model") == []
+    assert "conv=fdatasync" in invocation.argv[-1]
+
+
+def test_a_write_size_variant_is_the_measured_code_with_that_constant_changed(
+    ctx: Context, tmp_path: Path
+) -> None:
+    import shutil
+
+    from benchmarks import contenders
+
+    measured = tmp_path / "src"
+    shutil.copytree(Path(contenders.REPO_ROOT) / "initializers", measured / "initializers")
+    variant = contenders.OursWriteSize(64)
+    assert variant.optional and variant.name not in {c.name for c in contenders.by_names(None)}
+    invocation = variant.command(
+        Context(**{**vars(ctx), "ours_src": measured}), Task("s3", "model"), tmp_path / "d"
+    )
+    copy = Path(invocation.env["PYTHONPATH"])
+    assert copy == tmp_path / "src-w64k"
+    fsutil = (copy / "initializers" / "fsutil.py").read_text()
+    assert "\nWRITE_SIZE = 65536\n" in fsutil
+    assert "\nWRITE_SIZE = 65536\n" not in (measured / "initializers" / "fsutil.py").read_text()

@@ -31,7 +31,8 @@ HUB_REPOS = {"model": ("bench/model", "model"), "dataset": ("bench/dataset", "da
 class Task:
     """What to fetch: from which endpoint ("s3", "hf", or the emulators' "gcs" and "az"), which
     asset, first run or a rerun, whether from the delayed endpoints (the latency scenarios),
-    whether every byte must be on stable storage before the exit (the durable scenarios), and
+    whether every byte must be on stable storage before the exit (the durable scenarios),
+    whether from the S3 port with nginx's own ETags and no checksums (source ``s3nginx``), and
     for ours the shared asset store to use (``CACHE_DIR``; the second-trainjob scenarios)."""
 
     source: str
@@ -39,6 +40,7 @@ class Task:
     rerun: bool = False
     delayed: bool = False
     durable: bool = False
+    nginx_etags: bool = False
     cache: Path | None = None
 
 

@@ -5,7 +5,9 @@ One nginx, three ports: the S3 port serves objects from disk and sends listings 
 (:mod:`benchmarks.hubendpoint`); the CDN port serves from disk the LFS files the Hub redirects to
 (another origin, as huggingface_hub expects). The same three again on other ports with the
 latency option (:mod:`benchmarks.latency`): every response waits ``latency_s`` before its first
-byte, and the delayed Hub's redirects point at the delayed CDN. Every request on any port lands
+byte, and the delayed Hub's redirects point at the delayed CDN. One more S3 port serves the same
+bucket with nginx's own ETags and no checksums (``nginx_s3_url``,
+:func:`benchmarks.s3endpoint.s3_server`). Every request on any port lands
 in one access log (:mod:`benchmarks.accesslog`), so the bytes a client pulled in a run, and when
 its first data GET arrived, are counted the same way for every contender.
 """
@@ -46,12 +48,14 @@ class Traffic:
 
 @dataclass(frozen=True)
 class Port:
-    """One nginx port: which endpoint it belongs to ("s3" or "hub"), its role, its delay."""
+    """One nginx port: which endpoint it belongs to ("s3" or "hub"), its role, its delay, and
+    for S3 whether it answers with nginx's own ETags and no checksums."""
 
     number: int
     endpoint: str
     role: str  # accesslog.ROLES
     delayed: bool
+    nginx_etags: bool = False
 
     @property
     def url(self) -> str:
@@ -79,6 +83,9 @@ class Endpoints:
             for endpoint, role in layout:
                 port = Port(free_port(), endpoint, role, delayed)
                 self.ports[port.number] = port
+        nginx_style = Port(free_port(), "s3", "s3", delayed=False, nginx_etags=True)
+        self.ports[nginx_style.number] = nginx_style
+        self.nginx_s3_url = nginx_style.url
         self.s3_port = self._port("s3").number
         self.hub_port = self._port("hub").number
         # The Hub's CDN is another origin (port), as huggingface_hub expects of a real Hub.
@@ -95,7 +102,11 @@ class Endpoints:
         self.nginx: Nginx | None = None
 
     def _port(self, role: str, delayed: bool = False) -> Port:
-        return next(p for p in self.ports.values() if p.role == role and p.delayed == delayed)
+        return next(
+            p
+            for p in self.ports.values()
+            if p.role == role and p.delayed == delayed and not p.nginx_etags
+        )
 
     def urls(self, delayed: bool) -> tuple[str, str]:
         """(S3 URL, Hub URL) of the plain or the delayed endpoints."""
@@ -136,7 +147,7 @@ class Endpoints:
         for port in self.ports.values():
             delay = latency.first_byte_delay(self.latency_s) if port.delayed else ""
             if port.role == "s3":
-                body += s3_server(self.fixture, port.number, delay)
+                body += s3_server(self.fixture, port.number, delay, port.nginx_etags)
             elif port.role == "cdn":
                 body += _cdn_server(port.number, lfs_dir, delay)
             else:

@@ -24,7 +24,13 @@ KiB = 1 << 10
 TIMES, DASH = "\u00d7", "\u2013"  # multiplication sign, en dash
 LABELS = {c.name: c.label for c in ALL}
 REFERENCES = {c.name for c in ALL if c.reference}
-SOURCES = {"s3": "S3", "hf": "Hub", "gcs": "GCS (fake-gcs-server)", "az": "Azure Blob (Azurite)"}
+SOURCES = {
+    "s3": "S3",
+    "s3nginx": "S3 with nginx's ETags, no checksums",
+    "hf": "Hub",
+    "gcs": "GCS (fake-gcs-server)",
+    "az": "Azure Blob (Azurite)",
+}
 PAIRED_KINDS = schedule.PAIRED_KINDS
 parts = schedule.parts
 # First data GET goals on this machine class, per source (issue 13).
@@ -168,6 +174,8 @@ def _targets(summary: dict[str, dict[str, Summary]], results: dict) -> list[str]
     ratio_row("S3 model vs s5cmd", "cold-s3-model", "s5cmd", 1.0)
     ratio_row("S3 model vs Kubeflow S3 initializer", "cold-s3-model", "kubeflow-s3", 3.0)
     ratio_row("S3 dataset vs s5cmd", "cold-s3-dataset", "s5cmd", 1.0)
+    ratio_row("S3 model, nginx ETags, vs s5cmd", "cold-s3nginx-model", "s5cmd", 1.0)
+    ratio_row("S3 dataset, nginx ETags, vs s5cmd", "cold-s3nginx-dataset", "s5cmd", 1.0)
     ratio_row("Hub model vs snapshot_download", "cold-hf-model", "hf-snapshot", 2.5)
     ratio_row("Hub dataset vs snapshot_download", "cold-hf-dataset", "hf-snapshot", 6.0)
     ratio_row("Hub model vs HfApi listing + obstore script", "cold-hf-model", "hf-obstore", 1.0)

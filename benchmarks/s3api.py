@@ -5,7 +5,9 @@ cannot answer itself: requests with a query string (ListObjectsV2/V1, GetBucketL
 ``?partNumber=``), requests on the bucket itself (HeadBucket, ListObjects), and other methods.
 Listings report each object's CRC32 checksum algorithm and type; an object GET/HEAD sent here
 carries the checksum headers when asked (``x-amz-checksum-mode: ENABLED``, no ``Range``), as
-nginx does for the plain ones.
+nginx does for the plain ones. A request nginx marks ``X-Bench-Etags: nginx`` comes from the
+port that serves objects as a plain nginx would (:func:`nginx_etag`, no checksums): its answers
+carry the same ETags and no checksums either.
 Run as its own process: ``python -m benchmarks.s3api --index INDEX --data DIR --port N``.
 """
 
@@ -29,6 +31,12 @@ from benchmarks.fixtures import BUCKET, FIXED_MTIME, MULTIPART_CHUNK, MULTIPART_
 NS = "http://s3.amazonaws.com/doc/2006-03-01/"
 ISO_MTIME = "2025-01-01T00:00:00.000Z"  # FIXED_MTIME in S3's listing format
 HTTP_MTIME = formatdate(FIXED_MTIME, usegmt=True)
+NGINX_FLAVOUR = "X-Bench-Etags"  # set to "nginx" by the nginx-style port's API location
+
+
+def nginx_etag(size: int) -> str:
+    """nginx's own ETag of a fixture file (``"<mtime hex>-<size hex>"``): not an MD5."""
+    return f'"{FIXED_MTIME:x}-{size:x}"'
 
 
 class Index:
@@ -79,6 +87,12 @@ class Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: object) -> None:
         pass
+
+    def _nginx_style(self) -> bool:
+        return self.headers.get(NGINX_FLAVOUR, "") == "nginx"
+
+    def _etag(self, obj: dict) -> str:
+        return nginx_etag(obj["size"]) if self._nginx_style() else obj["etag"]
 
     # --- plumbing -------------------------------------------------------------------------
     def _split(self) -> tuple[str, str, dict[str, str]]:
@@ -171,11 +185,15 @@ class Handler(BaseHTTPRequestHandler):
                 out.append(f"<NextMarker>{enc(last)}</NextMarker>")
         for key in keys:
             obj = self.index.objects[key]
+            checksum = (
+                ""
+                if self._nginx_style()
+                else "<ChecksumAlgorithm>CRC32</ChecksumAlgorithm>"
+                f"<ChecksumType>{obj['checksum_type']}</ChecksumType>"
+            )
             out.append(
                 f"<Contents><Key>{enc(key)}</Key><LastModified>{ISO_MTIME}</LastModified>"
-                f"<ETag>{escape(obj['etag'], {chr(34): '&quot;'})}</ETag>"
-                "<ChecksumAlgorithm>CRC32</ChecksumAlgorithm>"
-                f"<ChecksumType>{obj['checksum_type']}</ChecksumType>"
+                f"<ETag>{escape(self._etag(obj), {chr(34): '&quot;'})}</ETag>{checksum}"
                 f"<Size>{obj['size']}</Size><StorageClass>STANDARD</StorageClass></Contents>"
             )
         for p in prefixes:
@@ -193,12 +211,13 @@ class Handler(BaseHTTPRequestHandler):
         start, end, status = 0, size - 1, 200
         headers = {
             "Content-Type": "application/octet-stream",
-            "ETag": obj["etag"],
+            "ETag": self._etag(obj),
             "Last-Modified": HTTP_MTIME,
             "Accept-Ranges": "bytes",
         }
         mode = self.headers.get("x-amz-checksum-mode", "")
-        if mode.lower() == "enabled" and "Range" not in self.headers:
+        asked = mode.lower() == "enabled" and "Range" not in self.headers
+        if asked and not self._nginx_style():
             headers["x-amz-checksum-crc32"] = obj["checksum_crc32"]
             headers["x-amz-checksum-type"] = obj["checksum_type"]
         if "partNumber" in query:

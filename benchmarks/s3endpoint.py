@@ -7,7 +7,9 @@ that asks for checksums (``x-amz-checksum-mode: ENABLED``, no ``Range``) also ge
 ``x-amz-checksum-crc32`` and ``x-amz-checksum-type`` (FULL_OBJECT or COMPOSITE), from generated
 maps too; other requests get neither. Requests on the bucket itself, object requests with a
 sub-resource query (``?partNumber=``, ``?versionId=``, ...) and other methods go to
-:mod:`benchmarks.s3api`. Path-style addressing only, no signature checks.
+:mod:`benchmarks.s3api`. Path-style addressing only, no signature checks. The nginx-style flavour
+(``nginx_etags``) serves the same objects as S3-compatible servers fronted by a plain web
+server or a CDN do: nginx's own ETags (not MD5s), no checksums, in listings and GETs alike.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 
 from benchmarks.fixtures import BUCKET, Fixture
 from benchmarks.nginx import wait_for_port
+from benchmarks.s3api import NGINX_FLAVOUR
 
 # Query parameters that make a request on an object an operation other than reading its bytes.
 _SUBRESOURCE_NAMES = """partNumber versionId uploadId uploads acl tagging attributes torrent
@@ -72,9 +75,23 @@ def s3_http_shared(fixture: Fixture, run_dir: Path, api_port: int) -> str:
 """
 
 
-def s3_server(fixture: Fixture, port: int, extra: str = "") -> str:
+def s3_server(fixture: Fixture, port: int, extra: str = "", nginx_etags: bool = False) -> str:
     """One S3 ``server {}`` on ``port`` (after :func:`s3_http_shared`); ``extra``: server-level
-    directives (the latency option's delay)."""
+    directives (the latency option's delay); ``nginx_etags``: the nginx-style flavour."""
+    if nginx_etags:  # nginx's own ETag, and its own If-Match check against it
+        headers = "add_header x-amz-request-id bench;"
+        flavour = f"proxy_set_header {NGINX_FLAVOUR} nginx;"
+    else:
+        # nginx checks If-Match against its own ETag ("mtime-size"); ours is S3's. When the
+        # client's If-Match is our ETag, drop it so the request is served; a stale one still
+        # gets nginx's 412, as S3 would answer.
+        headers = """if ($s3_if_match_ok) { more_clear_input_headers If-Match; }
+            etag off;
+            add_header ETag $s3_etag;
+            add_header x-amz-checksum-crc32 $s3_crc32_out;
+            add_header x-amz-checksum-type $s3_checksum_type_out;
+            add_header x-amz-request-id bench;"""
+        flavour = f"proxy_set_header {NGINX_FLAVOUR} s3;"
     return f"""
     server {{
         listen 127.0.0.1:{port} backlog=4096;
@@ -84,21 +101,14 @@ def s3_server(fixture: Fixture, port: int, extra: str = "") -> str:
             error_page 418 = @s3api;
             error_page 404 = @nosuchkey;
             if ($s3_to_api) {{ return 418; }}
-            # nginx checks If-Match against its own ETag ("mtime-size"); ours is S3's. When the
-            # client's If-Match is our ETag, drop it so the request is served; a stale one still
-            # gets nginx's 412, as S3 would answer.
-            if ($s3_if_match_ok) {{ more_clear_input_headers If-Match; }}
-            etag off;
-            add_header ETag $s3_etag;
-            add_header x-amz-checksum-crc32 $s3_crc32_out;
-            add_header x-amz-checksum-type $s3_checksum_type_out;
-            add_header x-amz-request-id bench;
+            {headers}
         }}
         location @s3api {{
             proxy_pass http://s3api;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
             proxy_set_header Host $http_host;
+            {flavour}
             proxy_buffering off;
             proxy_request_buffering off;
         }}

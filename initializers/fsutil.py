@@ -129,7 +129,11 @@ def _load_sync_file_range() -> Callable[[int, int, int], None]:
 start_writeback = _load_sync_file_range()
 
 
-# The most one ``pwrite`` hands the kernel (a read of up to 1 MiB is written in such pieces).
+# The most one ``pwrite`` hands the kernel. Chosen by a sweep (make bench's ours-wNk variants,
+# 5 paired rounds each, kernel as found, at 9c4cbbb): on the S3 and Hub models, smaller writes
+# were slower, back to back (256 KiB 1.02x / 0.98x the time of 1 MiB, 64 KiB 1.21x / 1.11x,
+# 32 KiB 1.30x / 1.17x) and after 10 idle seconds (256 KiB 1.12x / 1.08x, 64 KiB 1.17x /
+# 1.11x): each more call costs more interpreter time than smaller page-cache folios save.
 WRITE_SIZE = 1 << 20
 
 

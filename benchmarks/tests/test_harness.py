@@ -26,6 +26,7 @@ from benchmarks import harness, measure, verify
 from benchmarks.contenders import Task
 from benchmarks.endpoints import Endpoints
 from benchmarks.fixtures import BUCKET, Fixture
+from benchmarks.s3api import nginx_etag
 from benchmarks.tests.hubrun import snapshot_download_dataset
 
 MiB = 1 << 20
@@ -377,3 +378,41 @@ def test_the_many_files_fixture_is_small_objects_in_folders(fixture: Fixture) ->
     assert len(files) >= 64
     assert all(1024 <= o.size <= 8192 for o in files.values())
     assert all(rel.startswith("images/class-") for rel in files)
+
+
+def test_the_nginx_style_port_lists_and_serves_nginx_etags_and_no_checksums(
+    fixture: Fixture, endpoints: Endpoints
+) -> None:
+    plain = boto3.client(
+        "s3", endpoint_url=endpoints.nginx_s3_url, region_name="us-east-1",
+        aws_access_key_id="k", aws_secret_access_key="s",
+    )  # fmt: skip
+    listed = {
+        o["Key"]: o
+        for page in plain.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix="model/")
+        for o in page["Contents"]
+    }
+    big = BIG
+    assert set(listed) == {k for k in fixture.objects if k.startswith("model/")}
+    assert all("ChecksumAlgorithm" not in o for o in listed.values())
+    got = plain.get_object(Bucket=BUCKET, Key=big, ChecksumMode="ENABLED")
+    assert got["ETag"] == listed[big]["ETag"] == nginx_etag(fixture.objects[big].size)
+    assert not [h for h in got["ResponseMetadata"]["HTTPHeaders"] if h.startswith("x-amz-checksum")]
+    assert got["Body"].read() == fixture.source_path(big).read_bytes()
+    # nginx's own If-Match: its ETag passes, a stale one gets 412.
+    ranged = plain.get_object(Bucket=BUCKET, Key=big, Range="bytes=0-9", IfMatch=got["ETag"])
+    assert ranged["Body"].read() == fixture.source_path(big).read_bytes()[:10]
+    with pytest.raises(ClientError) as stale:
+        plain.get_object(Bucket=BUCKET, Key=big, IfMatch=fixture.objects[big].etag)
+    assert stale.value.response["ResponseMetadata"]["HTTPStatusCode"] == 412
+    # A request the API layer answers (a part) says the same.
+    part = plain.head_object(Bucket=BUCKET, Key=big, PartNumber=1, ChecksumMode="ENABLED")
+    assert part["ETag"] == listed[big]["ETag"] and "ChecksumCRC32" not in part
+
+
+def test_the_nginx_style_scenarios_are_cold_only_and_run_by_default() -> None:
+    assert {"cold-s3nginx-model", "cold-s3nginx-dataset"} <= set(harness.DEFAULT_SCENARIOS)
+    task = harness._task("cold-s3nginx-dataset")
+    assert (task.source, task.nginx_etags) == ("s3", True)
+    with pytest.raises(ValueError, match="nginx"):
+        harness.parse_scenarios("warm-s3nginx-model")

@@ -410,6 +410,14 @@ class Curl8(Contender):
         return Invocation(["/bin/bash", "-c", "\n".join(script)])
 
 
+def _fixture_files(ctx: Context, task: Task, name: str) -> tuple[Path, Path]:
+    """The asset's folder in the fixture, and a file (``name``, in the scratch folder) that
+    lists every file the asset is expected to hold, one relative path a line."""
+    listing = ctx.scratch / name
+    listing.write_text("\n".join(sorted(ctx.fixture.expected(task.asset))) + "\n")
+    return ctx.fixture.source_path(task.asset), listing
+
+
 class DiskCopy(Contender):
     """Reference: ``cp`` of the same files from the fixture folder (page cache to disk).
 
@@ -424,9 +432,7 @@ class DiskCopy(Contender):
         return super().applies(task) and not task.rerun and not task.delayed
 
     def command(self, ctx: Context, task: Task, dest: Path) -> Invocation:
-        listing = ctx.scratch / "copy-list.txt"
-        listing.write_text("\n".join(sorted(ctx.fixture.expected(task.asset))) + "\n")
-        source = ctx.fixture.source_path(task.asset)
+        source, listing = _fixture_files(ctx, task, "copy-list.txt")
         script = (
             f"mkdir -p {dest} && cd {source} && xargs -d '\\n' -a {listing} cp --parents -t {dest}"
         )
@@ -446,9 +452,7 @@ class DiskFloor(Contender):
     reference = durable = True
 
     def command(self, ctx: Context, task: Task, dest: Path) -> Invocation:
-        listing = ctx.scratch / "floor-list.txt"
-        listing.write_text("\n".join(sorted(ctx.fixture.expected(task.asset))) + "\n")
-        source = ctx.fixture.source_path(task.asset)
+        source, listing = _fixture_files(ctx, task, "floor-list.txt")
         script = (
             f"cd {shlex.quote(str(source))} && while IFS= read -r f; do "
             f'mkdir -p "{dest}/$(dirname "$f")" && '

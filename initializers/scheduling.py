@@ -28,7 +28,7 @@ from initializers.fetching import Cancelled, FileFetcher
 from initializers.filejob import FileJob, interleaved
 from initializers.fsutil import fsync_dir
 from initializers.heap import kept_until_the_end
-from initializers.inflight import LOOP_PER_WORKER, MAX_BODIES_IN_FLIGHT, SMALL_BODY, SMALL_IN_FLIGHT
+from initializers.inflight import SMALL_BODY, SMALL_IN_FLIGHT, loop_in_flight
 from initializers.journal import CommitLog
 from initializers.manifest import FileRecord
 from initializers.progress import Progress, Reporter
@@ -254,7 +254,7 @@ class _Batch:
         return fetch_whole_files(
             self.source,
             self.whole,
-            in_flight=min(self.workers * LOOP_PER_WORKER, MAX_BODIES_IN_FLIGHT),
+            in_flight=loop_in_flight(self.workers, [job.remote.size for job in self.whole]),
             stop=self.stop,
             progress=self.progress,
             fetched=self._commit_streamed,

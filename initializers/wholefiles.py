@@ -27,7 +27,7 @@ from initializers.fsutil import write_all
 from initializers.progress import Progress
 from initializers.sources.base import Source
 
-BACKLOG = 4  # files fetched but not yet committed, per request in flight
+BACKLOG = 96  # files fetched but not yet committed, beyond the requests in flight
 
 
 async def fetch_whole_files(
@@ -45,7 +45,7 @@ async def fetch_whole_files(
     wrong, to ``failed`` with the failure (the workers' way decides what it means). Each
     returns the future of work it handed to a worker, if any: files handed on but not done
     with are bounded too, as each holds its ``.part`` open."""
-    backlog = asyncio.Semaphore(in_flight * BACKLOG)
+    backlog = asyncio.Semaphore(in_flight + BACKLOG)
     loop = asyncio.get_running_loop()
     waiting = iter(jobs)  # shared by the requesters: each job is taken once, in order
 

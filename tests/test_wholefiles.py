@@ -87,3 +87,20 @@ def test_four_hundred_files_cost_a_task_per_request_slot_not_a_task_per_file(tmp
     assert all((tmp_path / f".{p}.part").read_bytes() == p.encode() for p in fetched)
     assert source.most_open == IN_FLIGHT
     assert source.most_tasks <= IN_FLIGHT + 1  # the requesters, and the run's own task
+
+
+def test_a_window_of_tiny_files_keeps_four_times_as_many_in_flight_up_to_a_cap():
+    from initializers.inflight import (
+        LOOP_PER_WORKER,
+        MAX_BODIES_IN_FLIGHT,
+        TINY_BODY,
+        TINY_IN_FLIGHT,
+        loop_in_flight,
+    )
+
+    tiny, small = [4096] * 95 + [TINY_BODY + 1] * 5, [4096] * 85 + [TINY_BODY + 1] * 15
+    assert loop_in_flight(2, tiny) == 4 * 2 * LOOP_PER_WORKER  # nine in ten tiny
+    assert loop_in_flight(2, small) == 2 * LOOP_PER_WORKER  # fewer: as any small file
+    assert loop_in_flight(8, small) == MAX_BODIES_IN_FLIGHT
+    assert loop_in_flight(8, tiny) == TINY_IN_FLIGHT
+    assert loop_in_flight(64, tiny) == TINY_IN_FLIGHT

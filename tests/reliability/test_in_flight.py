@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from initializers.inflight import LOOP_PER_WORKER
+from initializers.inflight import LOOP_PER_WORKER, TINY_BODY, loop_in_flight
 from tests.reliability.conftest import assert_identical, dataset, fill, is_object_get, s3_env
 
 MIB = 1 << 20
@@ -36,8 +36,18 @@ def held_at_once(bucket, s3_endpoint, proxies, launch, tmp_path, files, expected
 def test_small_files_keep_several_times_the_workers_requests_in_flight(
     bucket, s3_endpoint, proxies, launch, tmp_path
 ):
-    files = dataset(41, {f"shards/{i:02d}.jsonl": 20_000 + i for i in range(24)})
+    files = dataset(41, {f"shards/{i:02d}.jsonl": TINY_BODY + 1000 + i for i in range(24)})
     expected = WORKERS * LOOP_PER_WORKER  # on the native loop, where they cost no thread
+    assert held_at_once(bucket, s3_endpoint, proxies, launch, tmp_path, files, expected) == expected
+
+
+def test_tiny_files_keep_four_times_as_many_in_flight(
+    bucket, s3_endpoint, proxies, launch, tmp_path
+):
+    # Objects of a few KiB are nothing but their wait for the first byte.
+    files = dataset(44, {f"images/{i:02d}.jpg": 2_000 + i for i in range(48)})
+    expected = 4 * WORKERS * LOOP_PER_WORKER
+    assert loop_in_flight(WORKERS, [len(data) for data in files.values()]) == expected
     assert held_at_once(bucket, s3_endpoint, proxies, launch, tmp_path, files, expected) == expected
 
 
@@ -65,6 +75,6 @@ def test_requests_reuse_kept_alive_connections_instead_of_one_per_request(
     # One per request in flight, plus the listing's (before a fork); the native client may open
     # one more now and then, when a request starts before the connection of the response just
     # read is back in its pool (about one run in eight here, before this bound allowed it too).
-    in_flight = WORKERS * LOOP_PER_WORKER
+    in_flight = loop_in_flight(WORKERS, [len(data) for data in files.values()])
     assert proxy.connections <= in_flight + 1 + in_flight // 2
     assert "pool is full" not in run.stderr

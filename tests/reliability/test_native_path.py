@@ -135,9 +135,10 @@ def test_small_files_keep_several_times_the_workers_requests_in_flight_on_the_hu
     hub, run_initializer, tmp_path
 ):
     # Requests in flight are what a store 20 ms away needs, and two workers must not mean two
-    # (the native loop keeps LOOP_PER_WORKER per worker): every resolve here waits 1 s, so all
-    # those that arrive within 0.9 s of the first are open at the same time.
-    files = {f"data/{i:02d}.jsonl": os.urandom(1000 + i) for i in range(24)}
+    # (the native loop keeps LOOP_PER_WORKER per worker, four times as many for tiny files):
+    # every resolve here waits 1 s, so all those that arrive within 0.9 s of the first are open
+    # at the same time.
+    files = {f"data/{i:02d}.jsonl": os.urandom(1000 + i) for i in range(48)}
     hub.add_repo("org/m", files, repo_type="dataset")
     arrivals: list[float] = []
     lock = threading.Lock()
@@ -156,7 +157,7 @@ def test_small_files_keep_several_times_the_workers_requests_in_flight_on_the_hu
     assert result.code == 0, result.output
     assert {name: (out / name).read_bytes() for name in files} == files
     open_together = sum(1 for t in arrivals if t - arrivals[0] < 0.9)
-    assert open_together == 2 * LOOP_PER_WORKER, (
+    assert open_together == 4 * 2 * LOOP_PER_WORKER, (
         open_together,
         [round(t - arrivals[0], 2) for t in arrivals],
     )

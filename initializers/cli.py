@@ -36,7 +36,7 @@ from initializers.config import (
 )
 from initializers.dryrun import Printer, plan_folder
 from initializers.engine import Engine, Outcome, Share, describe_outcome
-from initializers.environment import prepare_native_allocator, variables, write_termination_message
+from initializers.environment import variables, write_termination_message
 from initializers.errors import (
     ExitCode,
     InitializerError,
@@ -75,7 +75,6 @@ def main_for(defaults: AssetDefaults, argv: list[str] | None = None) -> NoReturn
 def run(defaults: AssetDefaults, argv: list[str] | None = None) -> int:
     """Run one initializer; returns the process exit code."""
     prog = f"{defaults.kind}-initializer"
-    prepare_native_allocator()
     try:
         settings = load_settings(defaults, argv)
     except InitializerError as exc:

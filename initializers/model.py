@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NoReturn
 
-from initializers.cli import main_for
 from initializers.config import AssetDefaults
+from initializers.environment import prepare_native_allocator
 
 DEFAULTS = AssetDefaults(
     kind="model",
@@ -31,6 +31,9 @@ DEFAULTS = AssetDefaults(
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
+    prepare_native_allocator()  # before the CLI's imports load the native client, which reads it
+    from initializers.cli import main_for
+
     main_for(DEFAULTS, argv)
 
 

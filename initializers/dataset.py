@@ -6,16 +6,13 @@ from pathlib import Path
 from typing import NoReturn
 
 from initializers.config import AssetDefaults
-from initializers.environment import prepare_native_allocator
+from initializers.entrypoint import run_initializer
 
 DEFAULTS = AssetDefaults(kind="dataset", output=Path("/workspace/dataset"))
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
-    prepare_native_allocator()  # before the CLI's imports load the native client, which reads it
-    from initializers.cli import main_for
-
-    main_for(DEFAULTS, argv)
+    run_initializer(DEFAULTS, argv)
 
 
 if __name__ == "__main__":

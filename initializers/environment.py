@@ -60,9 +60,10 @@ def prepare_native_allocator() -> None:
     on the client's thread and freed on the loop's, so pages piled up: 168-176 MiB peak on the
     benchmark's S3 dataset (two processes, 24 requests in flight each, 20 ms before every first
     byte), 114-123 MiB with these, in the same time (paired rounds: 1.11x, 0.95-1.29). Read as
-    the library loads, so an entrypoint calls this before it imports the CLI (which loads the
-    library): called after, from the CLI, the options were set too late for a month and the S3
-    dataset (no delay) peaked at 193-208 MiB instead of 137-151. A value the user set wins.
+    the library loads, so the entrypoint (:mod:`initializers.entrypoint`) calls this before it
+    imports the CLI, which loads the library: called from the CLI after its imports, for a
+    month, they were set too late to count, and the S3 dataset (no delay) peaked at 193-208 MiB
+    instead of the 135-142 it takes with them. A value the user set wins.
     """
     os.environ.setdefault("MIMALLOC_ARENA_EAGER_COMMIT", "0")
     os.environ.setdefault("MIMALLOC_PURGE_DELAY", "0")

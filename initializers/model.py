@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from initializers.config import AssetDefaults
-from initializers.environment import prepare_native_allocator
+from initializers.entrypoint import run_initializer
 
 DEFAULTS = AssetDefaults(
     kind="model",
@@ -31,10 +31,7 @@ DEFAULTS = AssetDefaults(
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
-    prepare_native_allocator()  # before the CLI's imports load the native client, which reads it
-    from initializers.cli import main_for
-
-    main_for(DEFAULTS, argv)
+    run_initializer(DEFAULTS, argv)
 
 
 if __name__ == "__main__":

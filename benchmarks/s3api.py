@@ -91,8 +91,9 @@ class Handler(BaseHTTPRequestHandler):
     def _nginx_style(self) -> bool:
         return self.headers.get(NGINX_FLAVOUR, "") == "nginx"
 
-    def _etag(self, obj: dict) -> str:
-        return nginx_etag(obj["size"]) if self._nginx_style() else obj["etag"]
+    @staticmethod
+    def _etag(obj: dict, nginx_style: bool) -> str:
+        return nginx_etag(obj["size"]) if nginx_style else obj["etag"]
 
     # --- plumbing -------------------------------------------------------------------------
     def _split(self) -> tuple[str, str, dict[str, str]]:
@@ -183,17 +184,19 @@ class Handler(BaseHTTPRequestHandler):
             out.append(f"<Marker>{enc(query.get('marker', ''))}</Marker>")
             if last and delimiter:
                 out.append(f"<NextMarker>{enc(last)}</NextMarker>")
+        nginx_style = self._nginx_style()  # asked once for the page, not once a key
         for key in keys:
             obj = self.index.objects[key]
             checksum = (
                 ""
-                if self._nginx_style()
+                if nginx_style
                 else "<ChecksumAlgorithm>CRC32</ChecksumAlgorithm>"
                 f"<ChecksumType>{obj['checksum_type']}</ChecksumType>"
             )
+            etag = escape(self._etag(obj, nginx_style), {chr(34): "&quot;"})
             out.append(
                 f"<Contents><Key>{enc(key)}</Key><LastModified>{ISO_MTIME}</LastModified>"
-                f"<ETag>{escape(self._etag(obj), {chr(34): '&quot;'})}</ETag>{checksum}"
+                f"<ETag>{etag}</ETag>{checksum}"
                 f"<Size>{obj['size']}</Size><StorageClass>STANDARD</StorageClass></Contents>"
             )
         for p in prefixes:
@@ -209,15 +212,16 @@ class Handler(BaseHTTPRequestHandler):
             return
         size = obj["size"]
         start, end, status = 0, size - 1, 200
+        nginx_style = self._nginx_style()
         headers = {
             "Content-Type": "application/octet-stream",
-            "ETag": self._etag(obj),
+            "ETag": self._etag(obj, nginx_style),
             "Last-Modified": HTTP_MTIME,
             "Accept-Ranges": "bytes",
         }
         mode = self.headers.get("x-amz-checksum-mode", "")
         asked = mode.lower() == "enabled" and "Range" not in self.headers
-        if asked and not self._nginx_style():
+        if asked and not nginx_style:
             headers["x-amz-checksum-crc32"] = obj["checksum_crc32"]
             headers["x-amz-checksum-type"] = obj["checksum_type"]
         if "partNumber" in query:

@@ -41,8 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--scenarios",
         help=f"comma-separated <{'|'.join(harness.KINDS)}>-<{'|'.join(harness.SOURCES)}>-"
-        "<model|dataset> (gcs and az: cold only, on fake-gcs-server and Azurite; shards: s3 "
-        "only), or a bare kind; default: " + ",".join(harness.DEFAULT_SCENARIOS),
+        "<model|dataset> (gcs and az: cold only, on fake-gcs-server and Azurite; s3nginx and "
+        "s3tls: cold only; shards: s3 only), or a bare kind; default: "
+        + ",".join(harness.DEFAULT_SCENARIOS),
     )
     p.add_argument(
         "--latency-ms", type=float, default=latency.DEFAULT_DELAY_S * 1000,

@@ -32,8 +32,9 @@ class Task:
     """What to fetch: from which endpoint ("s3", "hf", or the emulators' "gcs" and "az"), which
     asset, first run or a rerun, whether from the delayed endpoints (the latency scenarios),
     whether every byte must be on stable storage before the exit (the durable scenarios),
-    whether from the S3 port with nginx's own ETags and no checksums (source ``s3nginx``), and
-    for ours the shared asset store to use (``CACHE_DIR``; the second-trainjob scenarios)."""
+    whether from the S3 port with nginx's own ETags and no checksums (source ``s3nginx``) or the
+    one over HTTPS (source ``s3tls``), and for ours the shared asset store to use (``CACHE_DIR``;
+    the second-trainjob scenarios)."""
 
     source: str
     asset: str
@@ -41,6 +42,7 @@ class Task:
     delayed: bool = False
     durable: bool = False
     nginx_etags: bool = False
+    tls: bool = False
     cache: Path | None = None
 
 
@@ -58,6 +60,7 @@ class Context:
     ours_src: Path | None = None  # a frozen copy of the package, so one session measures one code
     gcs_url: str = ""  # fake-gcs-server, as STORAGE_EMULATOR_HOST
     az_connection_string: str = ""  # Azurite, as AZURE_STORAGE_CONNECTION_STRING
+    ca_bundle: str = ""  # the CA of the HTTPS port, for the scenarios that use it
 
     def cloud_env(self, source: str) -> dict[str, str]:
         """What points a client at the gs:// or az:// emulator: the variables both SDKs and ours
@@ -86,7 +89,13 @@ class Context:
             "HF_HUB_DISABLE_XET": "1",
             "HF_HUB_DISABLE_TELEMETRY": "1",
             "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-        }
+        } | self.trust_env()
+
+    def trust_env(self) -> dict[str, str]:
+        """What makes every client trust the HTTPS port's CA: the AWS tools' and ours' variable,
+        requests', curl's, and OpenSSL's and Go's (s5cmd) file of roots."""
+        names = ("AWS_CA_BUNDLE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE")
+        return dict.fromkeys(names, self.ca_bundle) if self.ca_bundle else {}
 
 
 @dataclass
@@ -322,7 +331,7 @@ class KServe(Contender):
         uri = f"s3://{BUCKET}/{task.asset}" if task.source == "s3" else "hf://bench/model"
         env = {
             "AWS_ENDPOINT_URL": ctx.s3_url,
-            "S3_VERIFY_SSL": "0",
+            "S3_VERIFY_SSL": "1" if task.tls else "0",
             "PATH": f"{ctx.kserve_venv / 'bin'}:/usr/bin:/bin",
         }
         if task.asset == "model":

@@ -7,9 +7,10 @@ One nginx, three ports: the S3 port serves objects from disk and sends listings 
 latency option (:mod:`benchmarks.latency`): every response waits ``latency_s`` before its first
 byte, and the delayed Hub's redirects point at the delayed CDN. One more S3 port serves the same
 bucket with nginx's own ETags and no checksums (``nginx_s3_url``,
-:func:`benchmarks.s3endpoint.s3_server`). Every request on any port lands
-in one access log (:mod:`benchmarks.accesslog`), so the bytes a client pulled in a run, and when
-its first data GET arrived, are counted the same way for every contender.
+:func:`benchmarks.s3endpoint.s3_server`), and another over HTTPS (``tls_s3_url``), with a
+certificate from a CA the benchmark makes for the session (``ca_bundle``). Every request on any
+port lands in one access log (:mod:`benchmarks.accesslog`), so the bytes a client pulled in a
+run, and when its first data GET arrived, are counted the same way for every contender.
 """
 
 from __future__ import annotations
@@ -49,17 +50,23 @@ class Traffic:
 @dataclass(frozen=True)
 class Port:
     """One nginx port: which endpoint it belongs to ("s3" or "hub"), its role, its delay, and
-    for S3 whether it answers with nginx's own ETags and no checksums."""
+    for S3 whether it answers with nginx's own ETags and no checksums, or over HTTPS."""
 
     number: int
     endpoint: str
     role: str  # accesslog.ROLES
     delayed: bool
     nginx_etags: bool = False
+    tls: bool = False
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.number}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.number}"
+
+    @property
+    def plain(self) -> bool:
+        """The port of its role that every scenario but the nginx-style and HTTPS ones uses."""
+        return not (self.nginx_etags or self.tls)
 
 
 class Endpoints:
@@ -86,6 +93,10 @@ class Endpoints:
         nginx_style = Port(free_port(), "s3", "s3", delayed=False, nginx_etags=True)
         self.ports[nginx_style.number] = nginx_style
         self.nginx_s3_url = nginx_style.url
+        tls = Port(free_port(), "s3", "s3", delayed=False, tls=True)
+        self.ports[tls.number] = tls
+        self.tls_s3_url = tls.url
+        self.ca_bundle = self.run_dir / "tls" / "ca.pem"  # made by start()
         self.s3_port = self._port("s3").number
         self.hub_port = self._port("hub").number
         # The Hub's CDN is another origin (port), as huggingface_hub expects of a real Hub.
@@ -103,9 +114,7 @@ class Endpoints:
 
     def _port(self, role: str, delayed: bool = False) -> Port:
         return next(
-            p
-            for p in self.ports.values()
-            if p.role == role and p.delayed == delayed and not p.nginx_etags
+            p for p in self.ports.values() if p.role == role and p.delayed == delayed and p.plain
         )
 
     def urls(self, delayed: bool) -> tuple[str, str]:
@@ -140,6 +149,7 @@ class Endpoints:
         self._procs.append(self._s3api)
         lfs_dir = self.fixture.root / "hub-lfs"
         self.hub_api_url = self._start_hub(lfs_dir)
+        tls = self._make_certificate()
         body = s3_http_shared(self.fixture, self.run_dir, self.s3api_port)
         body += f"""
     upstream hubpy {{ server {self.hub_api_url.removeprefix("http://")}; keepalive 32; }}
@@ -147,7 +157,9 @@ class Endpoints:
         for port in self.ports.values():
             delay = latency.first_byte_delay(self.latency_s) if port.delayed else ""
             if port.role == "s3":
-                body += s3_server(self.fixture, port.number, delay, port.nginx_etags)
+                body += s3_server(
+                    self.fixture, port.number, delay, port.nginx_etags, tls if port.tls else None
+                )
             elif port.role == "cdn":
                 body += _cdn_server(port.number, lfs_dir, delay)
             else:
@@ -156,6 +168,17 @@ class Endpoints:
                 body += _hub_server(port.number, delay, redirect=(self.cdn_url, cdn))
         self.nginx = Nginx(self.run_dir, body, modules=modules)
         self.nginx.start(list(self.ports))
+
+    def _make_certificate(self) -> tuple[Path, Path]:
+        """A CA of this session's (``ca_bundle``, which the contenders are told to trust) and the
+        HTTPS port's certificate for 127.0.0.1, signed by it: (certificate, key)."""
+        from tests.servers.tls import ca_signed
+
+        folder = self.ca_bundle.parent
+        folder.mkdir(parents=True, exist_ok=True)
+        certificate, key = folder / "server.pem", folder / "server.key"
+        ca_signed(self.ca_bundle, certificate, key)
+        return certificate, key
 
     def _start_hub(self, lfs_dir: Path) -> str:
         ready = self.run_dir / "hub-ready.json"

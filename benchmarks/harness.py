@@ -8,7 +8,8 @@ left), ``resume`` (SIGKILL at about half the bytes written, then rerun), ``secon
 ``shards`` (ours as K = 1, 2, 4 processes, each behind its own rate-capped proxy, see
 :mod:`benchmarks.rateproxy`), ``durable`` (ours with ``--durable`` against the disk's floor, ``dd
 conv=fdatasync`` of the same files); source ``s3`` or ``hf`` (nginx; ``s3nginx``: the same
-bucket with nginx's own ETags and no checksums, cold only), or ``gcs`` or ``az``
+bucket with nginx's own ETags and no checksums, ``s3tls``: the bucket over HTTPS, both cold
+only), or ``gcs`` or ``az``
 (fake-gcs-server and Azurite, :mod:`benchmarks.cloudemulators`, cold only); asset ``model`` or
 ``dataset``. ``cold``, ``latency``, ``durable`` and ``second-trainjob`` run ours and each peer
 back to back, the order alternating; ``warm`` and ``resume`` (absolute figures) interleave the
@@ -40,9 +41,11 @@ MiB = 1 << 20
 SECOND_TRAINJOB, SHARDS = "second-trainjob", "shards"
 KINDS = ("cold", "latency", "durable", "warm", "resume", SECOND_TRAINJOB, SHARDS)
 NGINX_ETAGS = "s3nginx"  # S3 with nginx's own ETags and no checksums: what a plain server sends
-SOURCES = ("s3", NGINX_ETAGS, "hf", *CLOUD_SOURCES)
+TLS = "s3tls"  # S3 over HTTPS, as every real endpoint is
+S3_PORTS = (NGINX_ETAGS, TLS)  # the sources that are S3 on another port, with the cold kind only
+SOURCES = ("s3", *S3_PORTS, "hf", *CLOUD_SOURCES)
 # The access log's name of each source nginx serves.
-NGINX_ENDPOINT = {"s3": "s3", NGINX_ETAGS: "s3", "hf": "hub"}
+NGINX_ENDPOINT = {"s3": "s3", NGINX_ETAGS: "s3", TLS: "s3", "hf": "hub"}
 PAIRED_KINDS = schedule.PAIRED_KINDS
 DEFAULT_SCENARIOS = (
     "cold-s3-model", "cold-s3-dataset", "cold-hf-model", "cold-hf-dataset",
@@ -50,7 +53,8 @@ DEFAULT_SCENARIOS = (
     "latency-s3-dataset", "latency-hf-dataset",
     "warm-s3-model", "warm-hf-model", "resume-s3-model", "resume-hf-model",
     "second-trainjob-s3-model", "second-trainjob-hf-model", "shards-s3-dataset",
-    "cold-s3nginx-model", "cold-s3nginx-dataset", "cold-s3-files", "durable-s3-model",
+    "cold-s3nginx-model", "cold-s3nginx-dataset", "cold-s3tls-model", "cold-s3tls-dataset",
+    "cold-s3-files", "durable-s3-model",
 )  # fmt: skip
 # "files": 100,000 small objects, in cold-s3-files only (ours and s5cmd): a round takes ~1
 # minute. A million: `make bench-manyfiles` (benchmarks/manyfiles.py).
@@ -122,8 +126,8 @@ def parse_scenarios(raw: str | None) -> list[str]:
             raise ValueError(f"{item!r}: the {source} emulator has only the cold scenario")
         if kind == SHARDS and source != "s3":
             raise ValueError(f"{item!r}: the sharding scenario runs on S3 (its proxies relay S3)")
-        if source == NGINX_ETAGS and kind != "cold":
-            raise ValueError(f"{item!r}: the nginx-style S3 port has only the cold scenario")
+        if source in S3_PORTS and kind != "cold":
+            raise ValueError(f"{item!r}: the {source} port has only the cold scenario")
         if kind == "durable" and item != "durable-s3-model":
             raise ValueError(f"{item!r}: the durable scenario is durable-s3-model")
         out.append(item)
@@ -132,10 +136,10 @@ def parse_scenarios(raw: str | None) -> list[str]:
 
 def _task(scenario: str, rerun: bool = False) -> Task:
     kind, source, asset = parts(scenario)
-    nginx_etags = source == NGINX_ETAGS
     return Task(
-        "s3" if nginx_etags else source, asset, rerun,
-        delayed=kind == "latency", durable=kind == "durable", nginx_etags=nginx_etags,
+        "s3" if source in S3_PORTS else source, asset, rerun,
+        delayed=kind == "latency", durable=kind == "durable",
+        nginx_etags=source == NGINX_ETAGS, tls=source == TLS,
     )  # fmt: skip
 
 
@@ -185,9 +189,13 @@ class Harness:
 
     def _context(self, task: Task) -> Context:
         """The context of ``task``: the delayed endpoints' URLs for the latency scenarios, the
-        nginx-style S3 port for the s3nginx ones."""
+        nginx-style S3 port for the s3nginx ones, the HTTPS port and its CA for the s3tls ones."""
         if task.nginx_etags:
             return dataclasses.replace(self.ctx, s3_url=self.endpoints.nginx_s3_url)
+        if task.tls:
+            return dataclasses.replace(
+                self.ctx, s3_url=self.endpoints.tls_s3_url, ca_bundle=str(self.endpoints.ca_bundle)
+            )
         if not task.delayed:
             return self.ctx
         s3_url, hub_url = self.endpoints.urls(delayed=True)

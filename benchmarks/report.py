@@ -27,6 +27,7 @@ REFERENCES = {c.name for c in ALL if c.reference}
 SOURCES = {
     "s3": "S3",
     "s3nginx": "S3 with nginx's ETags, no checksums",
+    "s3tls": "S3 over HTTPS",
     "hf": "Hub",
     "gcs": "GCS (fake-gcs-server)",
     "az": "Azure Blob (Azurite)",
@@ -176,6 +177,8 @@ def _targets(summary: dict[str, dict[str, Summary]], results: dict) -> list[str]
     ratio_row("S3 dataset vs s5cmd", "cold-s3-dataset", "s5cmd", 1.0)
     ratio_row("S3 model, nginx ETags, vs s5cmd", "cold-s3nginx-model", "s5cmd", 1.0)
     ratio_row("S3 dataset, nginx ETags, vs s5cmd", "cold-s3nginx-dataset", "s5cmd", 1.0)
+    ratio_row("S3 model over HTTPS vs s5cmd", "cold-s3tls-model", "s5cmd", 1.0)
+    ratio_row("S3 dataset over HTTPS vs s5cmd", "cold-s3tls-dataset", "s5cmd", 1.0)
     ratio_row("Hub model vs snapshot_download", "cold-hf-model", "hf-snapshot", 2.5)
     ratio_row("Hub dataset vs snapshot_download", "cold-hf-dataset", "hf-snapshot", 6.0)
     ratio_row("Hub model vs HfApi listing + obstore script", "cold-hf-model", "hf-obstore", 1.0)

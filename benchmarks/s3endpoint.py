@@ -10,6 +10,7 @@ sub-resource query (``?partNumber=``, ``?versionId=``, ...) and other methods go
 :mod:`benchmarks.s3api`. Path-style addressing only, no signature checks. The nginx-style flavour
 (``nginx_etags``) serves the same objects as S3-compatible servers fronted by a plain web
 server or a CDN do: nginx's own ETags (not MD5s), no checksums, in listings and GETs alike.
+A server given a certificate (``tls``) answers over HTTPS only, as every real S3 endpoint does.
 """
 
 from __future__ import annotations
@@ -75,9 +76,13 @@ def s3_http_shared(fixture: Fixture, run_dir: Path, api_port: int) -> str:
 """
 
 
-def s3_server(fixture: Fixture, port: int, extra: str = "", nginx_etags: bool = False) -> str:
+def s3_server(
+    fixture: Fixture, port: int, extra: str = "", nginx_etags: bool = False,
+    tls: tuple[Path, Path] | None = None,
+) -> str:  # fmt: skip
     """One S3 ``server {}`` on ``port`` (after :func:`s3_http_shared`); ``extra``: server-level
-    directives (the latency option's delay); ``nginx_etags``: the nginx-style flavour."""
+    directives (the latency option's delay); ``nginx_etags``: the nginx-style flavour; ``tls``:
+    (certificate, key) PEM files, to answer over HTTPS."""
     if nginx_etags:  # nginx's own ETag, and its own If-Match check against it
         headers = "add_header x-amz-request-id bench;"
         flavour = f"proxy_set_header {NGINX_FLAVOUR} nginx;"
@@ -94,7 +99,7 @@ def s3_server(fixture: Fixture, port: int, extra: str = "", nginx_etags: bool = 
         flavour = f"proxy_set_header {NGINX_FLAVOUR} s3;"
     return f"""
     server {{
-        listen 127.0.0.1:{port} backlog=4096;
+        {_listen(port, tls)}
         root {fixture.data_root};
         {extra}
         location / {{
@@ -118,6 +123,18 @@ def s3_server(fixture: Fixture, port: int, extra: str = "", nginx_etags: bool = 
         }}
     }}
 """
+
+
+def _listen(port: int, tls: tuple[Path, Path] | None) -> str:
+    if tls is None:
+        return f"listen 127.0.0.1:{port} backlog=4096;"
+    certificate, key = tls
+    # Sessions are resumed, as clients of a real endpoint see: a new connection's handshake is
+    # not what the scenario measures.
+    return f"""listen 127.0.0.1:{port} ssl backlog=4096;
+        ssl_certificate {certificate};
+        ssl_certificate_key {key};
+        ssl_session_cache shared:bench_tls:10m;"""
 
 
 def start_s3api(fixture: Fixture, port: int) -> subprocess.Popen:

@@ -19,11 +19,11 @@ from pathlib import Path
 import boto3
 import pytest
 from botocore.config import Config
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, SSLError
 
 from benchmarks import contenders as contenders_mod
 from benchmarks import harness, measure, verify
-from benchmarks.contenders import Task
+from benchmarks.contenders import Context, Task
 from benchmarks.endpoints import Endpoints
 from benchmarks.fixtures import BUCKET, Fixture
 from benchmarks.s3api import nginx_etag
@@ -416,3 +416,43 @@ def test_the_nginx_style_scenarios_are_cold_only_and_run_by_default() -> None:
     assert (task.source, task.nginx_etags) == ("s3", True)
     with pytest.raises(ValueError, match="nginx"):
         harness.parse_scenarios("warm-s3nginx-model")
+
+
+def test_the_https_port_serves_the_bucket_to_a_client_that_trusts_the_sessions_ca(
+    fixture: Fixture, endpoints: Endpoints
+) -> None:
+    assert endpoints.tls_s3_url.startswith("https://127.0.0.1:")
+    common = dict(region_name="us-east-1", aws_access_key_id="k", aws_secret_access_key="s")
+    trusting = boto3.client(
+        "s3", endpoint_url=endpoints.tls_s3_url, verify=str(endpoints.ca_bundle), **common
+    )
+    listed = trusting.list_objects_v2(Bucket=BUCKET, Prefix="model/")["Contents"]
+    assert {o["Key"] for o in listed} == {k for k in fixture.objects if k.startswith("model/")}
+    # The same S3 flavour as the plain port: S3's ETags and checksums.
+    got = trusting.get_object(Bucket=BUCKET, Key=SMALL, ChecksumMode="ENABLED")
+    assert got["ETag"] == fixture.objects[SMALL].etag
+    assert got["ChecksumCRC32"] == fixture.objects[SMALL].checksum_crc32
+    assert got["Body"].read() == fixture.source_path(SMALL).read_bytes()
+    # A client that does not trust the session's CA is refused: the port is really TLS.
+    untrusting = boto3.client("s3", endpoint_url=endpoints.tls_s3_url, **common)
+    with pytest.raises(SSLError):
+        untrusting.head_object(Bucket=BUCKET, Key=SMALL)
+
+
+def test_the_https_scenarios_are_cold_only_run_by_default_and_trust_the_ca(
+    fixture: Fixture, endpoints: Endpoints, tmp_path: Path
+) -> None:
+    assert {"cold-s3tls-model", "cold-s3tls-dataset"} <= set(harness.DEFAULT_SCENARIOS)
+    task = harness._task("cold-s3tls-model")
+    assert (task.source, task.tls, task.nginx_etags) == ("s3", True, False)
+    with pytest.raises(ValueError, match="s3tls"):
+        harness.parse_scenarios("latency-s3tls-dataset")
+    venv = Path(sys.prefix)
+    plain = Context(fixture, endpoints.s3_url, endpoints.hub_url, venv, venv, tmp_path)
+    runner = harness.Harness(plain, endpoints, tmp_path / "out")
+    ctx = runner._context(task)
+    assert ctx.s3_url == endpoints.tls_s3_url
+    assert ctx.base_env()["AWS_CA_BUNDLE"] == ctx.base_env()["SSL_CERT_FILE"]
+    assert ctx.base_env()["SSL_CERT_FILE"] == str(endpoints.ca_bundle)
+    # The other scenarios' clients are told nothing of it.
+    assert "SSL_CERT_FILE" not in runner._context(harness._task("cold-s3-model")).base_env()

@@ -143,3 +143,28 @@ def test_a_write_size_variant_is_the_measured_code_with_that_constant_changed(
     fsutil = (copy / "initializers" / "fsutil.py").read_text()
     assert "\nWRITE_SIZE = 65536\n" in fsutil
     assert "\nWRITE_SIZE = 65536\n" not in (measured / "initializers" / "fsutil.py").read_text()
+
+
+def test_every_s3_client_fetches_the_dataset_over_https_trusting_the_sessions_ca(
+    ctx: Context, fixture: Fixture, endpoints: Endpoints, tmp_path: Path
+) -> None:
+    from benchmarks import contenders, harness
+
+    kserve = contenders.REPO_ROOT / ".bench" / "kserve"  # made by benchmarks/setup.sh
+    ctx.kserve_venv = kserve
+    task = harness._task("cold-s3tls-dataset")
+    playing = [
+        c for c in contenders.by_names(None)
+        if c.applies(task) and not isinstance(c, DiskCopy)  # a local copy: no client
+        and (c.name != "kserve" or kserve.exists())
+    ]  # fmt: skip
+    assert {"ours", "s5cmd", "aws-cli", "boto3", "curl-8"} <= {c.name for c in playing}
+    runner = Harness(ctx, endpoints, tmp_path / "out", log=lambda _: None)
+    for contender in playing:
+        dest = tmp_path / contender.name
+        position = endpoints.log_position()
+        m, _ = runner._invoke(contender, task, dest, contender.name)
+        assert m.returncode == 0, (contender.name, m.log_tail)
+        assert verify.check(dest, fixture, "dataset") == [], contender.name
+        entries = accesslog.read_since(endpoints.access_log, position)
+        assert entries and all(endpoints.ports[e.port].tls for e in entries), contender.name

@@ -5,7 +5,9 @@ count, against the synthetic endpoint (:mod:`benchmarks.synthetic`: no fixture o
 rounds of a cold fetch by ours (``dataset-initializer``) and by s5cmd, their order alternating,
 then ours again on its complete tree (the warm rerun). Each run's peak tree memory, wall time,
 delay to its first data GET (from nginx's log) and, for the warm rerun, the object GETs it
-made. It prints a table and writes ``results.json`` under ``.bench/results/manyfiles-<time>/``.
+made. Then ours on a Hub dataset repository of as many files (``--hub-counts``; the project's
+test Hub, whose tree listing pages as the real one's does, 1,000 entries a page), cold and warm.
+It prints a table and writes ``results.json`` under ``.bench/results/manyfiles-<time>/``.
 """
 
 from __future__ import annotations
@@ -163,6 +165,41 @@ def measure_local(count: int, rounds: int, work: Path) -> list[Run]:
     return runs
 
 
+HUB_REPO = "bench/many"
+
+
+def measure_hub(count: int, rounds: int, work: Path) -> list[Run]:
+    """Ours on a Hub dataset repository of ``count`` one-byte files (the local tree's), served
+    by the test Hub in this process: cold, then warm, per round. Its first data GET is the first
+    ``resolve`` the Hub received; object GETs count those."""
+    from tests.servers.hub import HubServer
+
+    source = local_tree(count)
+    files = {str(f.relative_to(source)): f for f in sorted(source.glob("*/*.txt"))}
+    venv = Path(sys.executable).parent
+    runs: list[Run] = []
+    with HubServer() as hub:
+        hub.add_repo(HUB_REPO, files, repo_type="dataset")
+        dest = work / "dest-ours-hub"
+        argv = [str(venv / "dataset-initializer"), "--output", str(dest)]
+        env = {
+            **os.environ, "STORAGE_URI": f"hf://datasets/{HUB_REPO}", "HF_ENDPOINT": hub.endpoint,
+            "PROGRESS_INTERVAL": "30", "HF_HUB_DISABLE_TELEMETRY": "1",
+        }  # fmt: skip
+        for r in range(rounds):
+            shutil.rmtree(dest, ignore_errors=True)
+            for name in ("ours-hub", "ours-hub-warm"):
+                before = len(hub.requests)
+                got = measure.run(argv, env, work / f"{name}.log", timeout_s=3600)
+                gets = [q.arrived for q in hub.requests[before:] if "/resolve/" in q.path]
+                first = min(gets) - got.started_at if gets else None
+                runs.append(Run(count, name, r, got.wall_s, got.cpu_s, got.peak_rss_mib, first,
+                                len(gets), got.returncode))  # fmt: skip
+                _check(name, got.returncode, dest, count, work)
+    shutil.rmtree(dest, ignore_errors=True)
+    return runs
+
+
 def measure_shim_check(count: int, dest: Path, work: Path) -> Run:
     """What ``kf-torchrun`` / ``kf-mpirun`` do before training starts: check that the folder
     holds what its manifest says (``wait_for_assets``, their code), on the tree ours wrote."""
@@ -299,7 +336,8 @@ def chart(runs: list[Run], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(figsize=(6.4, 3.6))
-    for name, style in (("ours", "o-"), ("ours-warm", "s--"), ("s5cmd", "^-")):
+    lines = (("ours", "o-"), ("ours-warm", "s--"), ("s5cmd", "^-"), ("ours-hub", "D:"))
+    for name, style in lines:
         points = sorted(
             (count, statistics.median(r.peak_rss_mib for r in group))
             for count in {r.count for r in runs}
@@ -314,7 +352,7 @@ def chart(runs: list[Run], path: Path) -> None:
     axes.set_xscale("log")
     axes.set_ylim(0, max(220, axes.get_ylim()[1]))
     axes.axhline(200, color="grey", linewidth=0.8, linestyle=":", label="target: 200 MiB")
-    axes.set_xlabel("S3 objects (1-8 KiB each)")
+    axes.set_xlabel("files (S3: 1-8 KiB objects; Hub: one-byte files)")
     axes.set_ylabel("peak tree memory, MiB (median)")
     axes.set_title("Memory against the number of files")
     axes.legend()
@@ -333,6 +371,8 @@ def main(argv: list[str] | None = None) -> int:
         "--local-counts", type=int, nargs="*", default=None, help="default: the largest"
     )
     parser.add_argument("--local-rounds", type=int, default=1)
+    parser.add_argument("--hub-counts", type=int, nargs="*", default=[100_000])
+    parser.add_argument("--hub-rounds", type=int, default=1)
     parser.add_argument(
         "--report", type=Path, help="render a saved results.json again (its chart beside it)"
     )
@@ -371,6 +411,11 @@ def main(argv: list[str] | None = None) -> int:
         work.mkdir()
         print(f"{local:,} one-byte files from a local folder, ours and cp -r...", flush=True)
         runs += measure_local(local, args.local_rounds, work)
+    for count in args.hub_counts:
+        work = out / f"n{count}-hub"
+        work.mkdir()
+        print(f"{count:,} one-byte files in a Hub dataset repository, ours...", flush=True)
+        runs += measure_hub(count, args.hub_rounds, work)
     (out / "results.json").write_text(json.dumps([asdict(r) for r in runs], indent=1))
     reporting = Path("/sys/module/page_reporting/parameters/page_reporting_order")
     head = (

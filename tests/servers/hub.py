@@ -144,6 +144,11 @@ class Commit:
     files: Mapping[str, Blob]
     date: dt.datetime
     dirs: Mapping[str, str] = field(default_factory=dict)  # directory path -> tree oid
+    # Each (prefix, recursive) listing, made once: a commit never changes, and a paginated tree
+    # of 100,000 files is asked for a page at a time.
+    _listings: dict[tuple[str, bool], list[dict[str, Any]]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     @classmethod
     def build(cls, sha: str, files: Mapping[str, Blob]) -> Commit:
@@ -157,6 +162,12 @@ class Commit:
 
     def entries(self, prefix: str, recursive: bool) -> list[dict[str, Any]]:
         """Tree entries under ``prefix`` (all depths, or direct children), sorted by path."""
+        made = self._listings.get((prefix, recursive))
+        if made is None:
+            made = self._listings[(prefix, recursive)] = self._entries(prefix, recursive)
+        return made
+
+    def _entries(self, prefix: str, recursive: bool) -> list[dict[str, Any]]:
         base = f"{prefix}/" if prefix else ""
         out = []
         for kind, table in (("directory", self.dirs), ("file", self.files)):
@@ -217,6 +228,7 @@ class RequestRecord:
     headers: dict[str, str]
     status: int | None = None  # None until answered; 0 when the connection was dropped
     connection: int = 0  # serial number of the TCP connection (per listener): shows keep-alive
+    arrived: float = field(default_factory=time.time)  # epoch seconds
 
     @property
     def range(self) -> str | None:

@@ -165,6 +165,19 @@ def test_only_the_repo_is_asked_for_even_with_the_libraries_telemetry_left_on(
     assert asked and all("/org/llama" in path for path in asked), asked
 
 
+def test_the_repo_info_asked_for_is_its_commit_and_gating_not_its_file_list(
+    hub, run_initializer, tmp_path
+):
+    """The files come from the tree's pages as the fetch runs; a repo of 100,000 files would
+    otherwise send all their names in its info before the first GET."""
+    hub.add_repo("org/many", MODEL)
+    assert run_initializer("model", env=hf_env(hub, "hf://org/many", tmp_path)).code == 0
+    infos = [r.path for r in hub.find_requests(server="hub") if "/api/models/" in r.path
+             and "/tree/" not in r.path]  # fmt: skip
+    assert infos and all("expand=sha" in p and "expand=gated" in p for p in infos), infos
+    assert not any("siblings" in p for p in infos)
+
+
 def test_rerun_against_an_unchanged_repo_downloads_nothing(hub, run_initializer, tmp_path):
     hub.add_repo("org/m", MODEL)
     env = hf_env(hub, "hf://org/m", tmp_path)

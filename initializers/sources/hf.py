@@ -183,7 +183,12 @@ class HfSource(Source):
     def list(self) -> Listing:
         info = self._call(
             lambda: self._api.repo_info(
-                self.repo_id, revision=self.revision, repo_type=self.repo_type
+                self.repo_id,
+                revision=self.revision,
+                repo_type=self.repo_type,
+                # Not the repo's file list: the tree's pages give it as the fetch runs, and a
+                # repo of 100,000 files sends megabytes of names before the first GET.
+                expand=["sha", "gated"],
             )
         )
         self._commit = info.sha

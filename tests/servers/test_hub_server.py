@@ -131,6 +131,15 @@ def test_repo_info_resolves_branches_tags_and_the_default_branch_to_commit_shas(
     assert sorted(s.rfilename for s in dataset.siblings) == sorted(DATASET)
 
 
+def test_repo_info_with_expand_returns_only_the_properties_asked_for(hub):
+    api = HfApi(endpoint=hub.endpoint, token=TOKEN)
+    info = api.repo_info("org/gated", expand=["sha", "gated"])
+    assert (info.sha, info.gated) == (hub.sha("org/gated"), "manual")
+    assert info.siblings is None and info.private is None  # no file list: none was asked for
+    listed = api.dataset_info("org/data", expand=["siblings"])
+    assert sorted(s.rfilename for s in listed.siblings) == sorted(DATASET)
+
+
 def test_repo_info_with_blobs_reports_sizes_and_lfs_checksums(hub):
     info = HfApi(endpoint=hub.endpoint, token=False).model_info("org/model", files_metadata=True)
     by_name = {s.rfilename: s for s in info.siblings}

@@ -153,8 +153,8 @@ class FileJob:
                 self.make_room()
                 try:
                     self.fd = os.open(self.part, flags | (0 if self._resume else os.O_TRUNC), 0o644)
-                    os.ftruncate(self.fd, self.remote.size)
-                    if self.resumable:
+                    if self.resumable:  # its full size is what lets a rerun trust the journal
+                        os.ftruncate(self.fd, self.remote.size)
                         self._journal_locked().open(fresh=not self._resume)
                 except OSError as exc:
                     raise storage_error(exc, self.final) from None

@@ -868,8 +868,9 @@ class _HubHandler(_Handler):
         with self.server.hub._lock:
             created = min(c.date for c in repo.commits.values())
         blobs = _truthy(query.get("blobs"))
-        siblings = []
+        # As the Hub: with expand, only the properties asked for (and the ids) come back.
         wanted = query.get("expand") or query.get("expand[]")
+        siblings = []
         for path in sorted(commit.files) if not wanted or "siblings" in wanted else ():
             sibling: dict[str, Any] = {"rfilename": path}
             if blobs:
@@ -901,8 +902,6 @@ class _HubHandler(_Handler):
         }
         if repo.repo_type == "model":
             info["modelId"] = repo.repo_id
-        # As the Hub: with expand, only the properties asked for (and the ids) come back.
-        wanted = query.get("expand") or query.get("expand[]")
         if wanted:
             info = {k: v for k, v in info.items() if k in {"_id", "id", *wanted}}
         self._send_json(info)

@@ -1,52 +1,55 @@
-"""The native byte path for small bodies: GETs made in Rust by pyreqwest (reqwest, hyper, tokio).
+"""The native byte path: GETs made in Rust by pyreqwest (reqwest, hyper, tokio, rustls).
 
 Why: on a dataset of many small files the urllib3 path spends about 0.8 ms of interpreter time
 per file building the request and parsing the response, in a thread per request that hands the
-GIL on at every system call. Here the request, the redirects, the connection pool and the body
-live in Rust, driven by one asyncio loop thread per process (the engine's
-:mod:`initializers.wholefiles` keeps many requests in flight there without a thread each);
-Python gets the status, the headers and the body back. The headers are what obstore, used here
-before, did not give: S3's ``x-amz-checksum-*`` now verify small objects on this path too.
+GIL on at every system call; over HTTPS, each 16 KiB TLS record of a large range is one more
+hand-off (the S3 model over HTTPS ran at 0.59x s5cmd that way). Here the request, the
+redirects, the connection pool, TLS and the body live in Rust; Python gets the status, the
+headers and the body in the pieces the connection delivers. The headers are what obstore, used
+here before, did not give: S3's ``x-amz-checksum-*`` verify every object on this path too.
 
-Only bodies up to :data:`WHOLE_BODY` come this way. Large ranges stay on the urllib3 path
-(:mod:`initializers.transport`), which reads into one reused buffer instead of holding a whole
-range in memory. :meth:`NativeHttp.open_range` serves worker threads (a retry, a checksum
-mismatch's second fetch) over the same client.
+Two clients share one runtime. Small files are fetched whole on one asyncio loop thread per
+process (:meth:`NativeHttp.get_whole`, driven by :mod:`initializers.wholefiles`, many requests
+in flight without a thread each). Ranges of any size are read by the worker threads through the
+blocking client (:meth:`NativeHttp.open_range`): a worker waits in Rust with the GIL released
+while the runtime's threads read and decrypt, and is handed the body in the pieces the
+connection delivers (some 350 KiB each over a fast link, against urllib3's 16 KiB TLS records,
+each of which was a hand-off of the GIL). urllib3 (:mod:`initializers.transport`) remains the
+way when rustls refuses a certificate the CA bundle vouches for.
 
-A worker thread waits for its body in short slices, and the loop's work ends at once on a stop
-(SIGTERM, through :func:`initializers.interrupts.interrupt_reads`), which also refuses any
-request that would start after. A server that never answers is caught after ``timeout``
-seconds, a stalled body after the same gap between two reads. The client's runtime must never
-cross a fork: it is built on first use in each process, and once built, this process forks no
-workers (:func:`initializers.processes.forbid_fork`). The status is judged by
+A stop (SIGTERM, through :func:`initializers.interrupts.interrupt_reads`) ends the loop's work at
+once and refuses any request that would start after it; a worker blocked in a blocking read is
+released by shutting down this process's client connections (:mod:`initializers.hangup`). A
+server that never answers is caught after ``timeout`` seconds, a stalled body after the same gap
+between two reads. The runtime must never cross a fork: the clients are built on first use in
+each process, and once built, this process forks no workers
+(:func:`initializers.processes.forbid_fork`). The status is judged by
 :mod:`initializers.httpstatus`, as on the urllib3 path; messages name the file, never the URL.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
 import os
 import threading
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
 from datetime import timedelta
-from typing import TypeVar
 from urllib.parse import urlsplit
 
 # Loaded by the main thread, with the source module: loaded instead on a thread that had ended
 # before the fork of the worker processes (tried, to overlap imports with the listing), it made
 # every forked child die of SIGSEGV.
 from pyreqwest import exceptions as native_errors
-from pyreqwest.client import Client, ClientBuilder
+from pyreqwest.client import Client, ClientBuilder, SyncClient, SyncClientBuilder
 from pyreqwest.proxy import ProxyBuilder
-from pyreqwest.response import Response
+from pyreqwest.request import SyncStreamRequest
+from pyreqwest.response import Response, SyncResponse
 from urllib3 import HTTPHeaderDict
 
-from initializers import processes
+from initializers import hangup, processes
 from initializers.errors import (
     InitializerError,
     IntegrityError,
@@ -60,13 +63,10 @@ from initializers.httpstatus import check_answer, range_value
 from initializers.interrupts import on_interrupt
 from initializers.streams import RangeReader
 
-WHOLE_BODY = 1 << 20  # the largest body read here: one call, and a cut loses no more than that
 CONNECT_TIMEOUT = 10.0
-WAIT_SLICE = 0.2  # seconds a waiting worker sleeps between looks at the stop flag
+WAIT_SLICE = 0.2  # seconds between two cuts of the connections after a stop
 REQUEST_LIMIT = timedelta(hours=1)  # stalls are caught by the read timeout, not by this
 MAX_REDIRECTS = 10
-
-T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -76,13 +76,25 @@ log = logging.getLogger(__name__)
 _stopped = False
 _loop_lock = threading.Lock()
 _loop: tuple[int, asyncio.AbstractEventLoop] | None = None  # (pid, loop): a fork starts anew
+# Blocking reads in flight on worker threads: while there are any, a stop cuts the connections.
+_blocking_reads = 0
+_blocking_lock = threading.Lock()
 
 
 @on_interrupt
 def cancel_requests() -> None:
-    """Cancel every native request in flight and refuse new ones (called on SIGTERM)."""
+    """Cancel every native request in flight and refuse new ones (called on SIGTERM): the
+    loop's by their flag, the workers' blocking reads by cutting their connections."""
     global _stopped
     _stopped = True
+    if _blocking_reads:
+        hangup.cut_while(lambda: _blocking_reads > 0, WAIT_SLICE)
+
+
+def _count_blocking_read(change: int) -> None:
+    global _blocking_reads
+    with _blocking_lock:
+        _blocking_reads += change
 
 
 def _running_loop() -> asyncio.AbstractEventLoop:
@@ -98,32 +110,6 @@ def _running_loop() -> asyncio.AbstractEventLoop:
 
 def _stopped_error(what: str) -> TransientError:
     return TransientError(f"{what}: stopped")
-
-
-def _call(make: Callable[[], Awaitable[T]], what: str) -> T:
-    """Run ``make()`` on the loop thread and wait for it, giving up at once on a stop."""
-    if _stopped:
-        raise _stopped_error(what)
-
-    async def run() -> T:
-        return await make()
-
-    return _wait(asyncio.run_coroutine_threadsafe(run(), _running_loop()), what)
-
-
-def _wait(future: concurrent.futures.Future[T], what: str) -> T:
-    """The result of ``future``, waited for in slices so that a stop ends the wait at once."""
-    while True:
-        try:
-            return future.result(WAIT_SLICE)
-        except concurrent.futures.TimeoutError:
-            if _stopped:
-                future.cancel()
-                raise _stopped_error(what) from None
-        except concurrent.futures.CancelledError:
-            raise _stopped_error(what) from None
-        except Exception as exc:
-            raise classify(exc, what) from None
 
 
 class NativeRefused(Exception):
@@ -154,27 +140,38 @@ class NativeHttp:
         self._headers = {"Accept-Encoding": "identity", **headers}
         self._timeout = timeout
         self._roots = roots  # the CA bundle's certificates (read_roots); none: the system's
-        self._client: tuple[int, Client] | None = None
+        self._clients: dict[bool, tuple[int, Client | SyncClient]] = {}  # blocking? -> (pid, it)
         self._lock = threading.Lock()
         # Set when rustls refused a certificate the CA bundle vouches for: it takes no CA
         # certificate as a server's ("CaUsedAsEndEntity"), as `openssl req -x509` makes them for
         # a MinIO, where OpenSSL accepts one. The rest of the run goes the urllib3 way.
         self.refused = False
 
-    def _client_here(self) -> Client:
-        """The client (its runtime and connection pool) of this process: a child never uses
-        its parent's, and a process that has one forks no workers after."""
+    def _client_here(self, blocking: bool) -> Client | SyncClient:
+        """This process's client of that kind (its connection pool, on the shared runtime): a
+        child never uses its parent's, and a process that has one forks no workers after."""
         with self._lock:
-            if self._client is None or self._client[0] != os.getpid():
-                processes.forbid_fork()  # its runtime's threads would not survive one
-                self._client = (os.getpid(), self._build())
-            return self._client[1]
+            built = self._clients.get(blocking)
+            if built is None or built[0] != os.getpid():
+                processes.forbid_fork()  # the runtime's threads would not survive one
+                builder = (
+                    SyncClientBuilder().http1_only().runtime_multithreaded(True)
+                    if blocking
+                    else ClientBuilder()
+                )
+                built = self._clients[blocking] = (os.getpid(), self._build(builder))
+            return built[1]
 
-    def _build(self) -> Client:
+    def _build(self, builder: ClientBuilder | SyncClientBuilder) -> Client | SyncClient:
+        """``builder`` set up as every native client is. The blocking one speaks HTTP/1.1
+        only: a connection per range, as the urllib3 path and s5cmd have, rather than every
+        range of a host multiplexed on one HTTP/2 connection with one congestion window. Its
+        connections are driven on the multithreaded runtime (a thread per CPU), so the
+        decryption of many ranges is spread over the CPUs: on this machine's 2 CPUs the S3 model
+        over HTTPS took 1.74-1.79 s that way, 2.03-2.09 s on the single loop thread."""
         headers = dict(self._headers)
         builder = (
-            ClientBuilder()
-            .connect_timeout(timedelta(seconds=min(CONNECT_TIMEOUT, self._timeout)))
+            builder.connect_timeout(timedelta(seconds=min(CONNECT_TIMEOUT, self._timeout)))
             .read_timeout(timedelta(seconds=self._timeout))
             .timeout(REQUEST_LIMIT)
             .user_agent(headers.pop("User-Agent", "kf-initializers"))
@@ -206,7 +203,8 @@ class NativeHttp:
             raise _stopped_error(what)
         if self.refused:
             raise NativeRefused(what)
-        client, url = self._client_here(), self._url(path)
+        client, url = self._client_here(blocking=False), self._url(path)
+        assert isinstance(client, Client)
         try:
             async with _exchange(client, url, 0, size, True, headers, what, self._timeout) as body:
                 yield body
@@ -222,8 +220,8 @@ class NativeHttp:
             self.refused = True
             log.warning(
                 "the native HTTP client refused the endpoint's TLS certificate, which the CA "
-                "bundle may vouch for (it takes no CA certificate as a server's); small files "
-                "go over OpenSSL for the rest of this run"
+                "bundle may vouch for (it takes no CA certificate as a server's); files go "
+                "over OpenSSL for the rest of this run"
             )
         return NativeRefused(what)
 
@@ -234,25 +232,45 @@ class NativeHttp:
         end: int,
         what: str,
         whole: bool,
+        headers: Mapping[str, str] | None = None,
     ) -> RangeReader:
-        """GET bytes ``[start, end)`` of ``path`` (at most :data:`WHOLE_BODY`) from a worker
-        thread, waiting in slices a stop ends; ``whole`` (the range is the entire file) sends a
-        plain GET, as servers attach whole-file checksums only to those."""
-        if end - start > WHOLE_BODY:
-            raise ValueError(f"{what}: {end - start} bytes is more than one native read")
+        """GET bytes ``[start, end)`` of ``path`` from a worker thread, through the blocking
+        client: its reads wait in Rust with the GIL released, and a stop cuts them short.
+        ``whole`` (the range is the entire file) sends a plain GET, as servers attach
+        whole-file checksums only to those."""
         if self.refused:
             raise NativeRefused(what)
-        client = self._client_here()
-        url = self._url(path)
-        exchange = _exchange(client, url, start, end, whole, None, what, self._timeout)
+        client = self._client_here(blocking=True)
+        assert isinstance(client, SyncClient)
+        _count_blocking_read(+1)  # before the look at the flag: a stop sees one or the other
         try:
-            return _call(lambda: _read_all(exchange), what)
+            if _stopped:
+                raise _stopped_error(what)
+            own = _range_headers(headers, start, end, whole)
+            # Each piece is handed over as it arrives: a stop keeps every byte that came.
+            request = (
+                client.get(self._url(path)).headers(own).streamed_read_buffer_limit(1)
+            ).build_streamed()
+            return _BlockingRange(request, start, end, whole, what)
         except TlsRefused as exc:
+            _count_blocking_read(-1)
             raise self._refusal(exc, what) from None
+        except BaseException:
+            _count_blocking_read(-1)
+            raise
 
     def close(self) -> None:
         with self._lock:
-            self._client = None  # its pool closes with it
+            self._clients.clear()  # their pools close with them
+
+
+def _range_headers(
+    headers: Mapping[str, str] | None, start: int, end: int, whole: bool
+) -> dict[str, str]:
+    own = dict(headers) if headers is not None else {}
+    if not whole:
+        own["Range"] = range_value(start, end)
+    return own
 
 
 @contextlib.asynccontextmanager
@@ -268,12 +286,9 @@ async def _exchange(
 ) -> AsyncIterator[Streamed]:
     """Send the GET of ``[start, end)``, check its status (and its range, for a range), and
     give its body to be read as it arrives; the response is closed on the way out."""
-    own = dict(headers) if headers is not None else {}
-    if not whole:
-        own["Range"] = range_value(start, end)
     # Streamed: the client holds at most its read buffer of the body (64 KiB by default), not
     # the whole of it, as a request built to be consumed would before answering.
-    request = client.get(url).headers(own).build_streamed()
+    request = client.get(url).headers(_range_headers(headers, start, end, whole)).build_streamed()
     try:
         # The client's read timeout starts with the body: a server that never answers is
         # caught here, after the same gap. A deadline on this task, not wait_for's task per
@@ -291,13 +306,30 @@ async def _exchange(
         await request.__aexit__(None, None, None)
 
 
-async def _read_all(exchange: AbstractAsyncContextManager[Streamed]) -> _Body:
-    """A range read whole (a worker's retry: at most :data:`WHOLE_BODY`)."""
-    async with exchange as body:
-        data = bytearray()
-        async for chunk in body.chunks():
-            data += chunk
-        return _Body(body.headers, data)
+class _BodyCount:
+    """A body's bytes counted against the ``size`` asked for: a shorter body is a transient
+    failure, a longer one an integrity failure, met at the first piece too many (never
+    buffered: a server sending gigabytes where it listed a small file)."""
+
+    def __init__(self, headers: Mapping[str, str], size: int, what: str) -> None:
+        self.received = 0
+        self._size = size
+        self._what = what
+        # Framed at the size asked: the client ends the body there itself, so the read that
+        # would only say so is not made (each read is a wake-up of this thread by the client's).
+        self._framed = headers.get("Content-Length") == str(size)
+
+    def complete(self) -> bool:
+        return self._framed and self.received == self._size
+
+    def add(self, chunk: bytes) -> memoryview:
+        self.received += len(chunk)
+        if self.received > self._size:
+            _check_length(self.received, self._size, self._what)
+        return memoryview(chunk)
+
+    def finish(self) -> None:
+        _check_length(self.received, self._size, self._what)
 
 
 class Streamed:
@@ -313,44 +345,75 @@ class Streamed:
         # keeps its headers until committed).
         self.headers: Mapping[str, str] = HTTPHeaderDict(response.headers.items())
         self._reader = response.body_reader
-        self._size = size
+        self._count = _BodyCount(self.headers, size, what)
         self._what = what
-        # Framed at the size asked: the client ends the body there itself, so the read that
-        # would only say so is not made (each read is a wake-up of this thread by the client's).
-        self._framed = self.headers.get("Content-Length") == str(size)
 
     async def chunks(self) -> AsyncIterator[memoryview]:
-        """The body's pieces, exactly ``size`` bytes in all: a shorter body is a transient
-        failure, a longer one an integrity failure, met at the first piece too many (never
-        buffered: a server sending gigabytes where it listed a small file)."""
-        received = 0
-        while not (self._framed and received == self._size):
+        """The body's pieces, exactly ``size`` bytes in all."""
+        while not self._count.complete():
             try:
                 chunk = await self._reader.read_chunk()
             except Exception as exc:
                 raise classify(exc, self._what) from None
             if chunk is None:
                 break
-            received += len(chunk)
-            if received > self._size:
-                _check_length(received, self._size, self._what)
-            yield memoryview(chunk)
-        _check_length(received, self._size, self._what)
+            yield self._count.add(chunk)
+        self._count.finish()
 
 
-class _Body(RangeReader):
-    """A range read whole by the native client, with its headers (a worker thread's)."""
+class _BlockingRange(RangeReader):
+    """A range on a worker thread: sent at once, its body read in the pieces the connection
+    delivers, each in memory of its own, written out and let go before the next. The response
+    is closed, and the blocking read counted out, by :meth:`close`."""
 
-    def __init__(self, headers: Mapping[str, str], body: bytearray) -> None:
-        self.headers = headers
-        self._body = body
+    def __init__(
+        self, request: SyncStreamRequest, start: int, end: int, whole: bool, what: str
+    ) -> None:
+        self._request = request
+        self._what = what
+        self._open = False
+        response = self._send()
+        try:
+            check_answer(response.status, response.headers, start, end, whole, what)
+        except BaseException:
+            self._release()
+            raise
+        self.headers: Mapping[str, str] = HTTPHeaderDict(response.headers.items())
+        self._reader = response.body_reader
+        self._count = _BodyCount(self.headers, end - start, what)
+
+    def _send(self) -> SyncResponse:
+        try:
+            response = self._request.__enter__()
+        except Exception as exc:
+            raise self._failure(exc) from None
+        self._open = True
+        return response
 
     def chunks(self) -> Iterator[memoryview]:
-        if len(self._body):
-            yield memoryview(self._body)
+        while not self._count.complete():
+            try:
+                chunk = self._reader.read_chunk()
+            except Exception as exc:
+                raise self._failure(exc) from None
+            if chunk is None:
+                break
+            yield self._count.add(chunk)
+        self._count.finish()
+
+    def _failure(self, exc: Exception) -> InitializerError | TransientError:
+        """What a failed send or read means: after a stop, the stop (it cut the connection)."""
+        return _stopped_error(self._what) if _stopped else classify(exc, self._what)
+
+    def _release(self) -> None:
+        if self._open:
+            self._open = False
+            with contextlib.suppress(Exception):
+                self._request.__exit__(None, None, None)
 
     def close(self) -> None:
-        self._body = bytearray()
+        self._release()
+        _count_blocking_read(-1)
 
 
 def _check_length(received: int, expected: int, what: str) -> None:
@@ -397,12 +460,36 @@ def classify(exc: BaseException, what: str) -> InitializerError | TransientError
     if isinstance(exc, native_errors.ConnectError | native_errors.ConnectTimeoutError):
         if "certificate" in text or "invalid peer" in text or "tls" in text:
             return TlsRefused(tls_refused(what))
-        return TransientError(f"{what}: cannot connect to the server")
+        if isinstance(exc, native_errors.ConnectTimeoutError) and not _while_connecting(exc):
+            # The blocking client's read timeout also covers the wait for the headers, and
+            # says "connection timeout" for it: only its causes tell a server that never answered.
+            return TransientError(f"{what}: the server stalled past the timeout")
+        return TransientError(f"{what}: cannot connect to the server{_os_reason(exc)}")
     if isinstance(exc, native_errors.RequestTimeoutError):
         return TransientError(f"{what}: the server stalled past the timeout")
     if isinstance(exc, native_errors.RedirectError):
         return TransientError(f"{what}: too many redirects")
     return TransientError(f"{what}: connection failed ({type(exc).__name__})")
+
+
+def _causes(exc: native_errors.DetailedPyreqwestError) -> list[str]:
+    """The messages of the failure's chain of causes, outermost first."""
+    return [str(cause.get("message", "")) for cause in exc.details.get("causes") or []]
+
+
+def _while_connecting(exc: native_errors.ConnectTimeoutError) -> bool:
+    """Whether the timeout struck before the connection was made (a cause says "connect")."""
+    return any("connect" in cause.lower() for cause in _causes(exc))
+
+
+def _os_reason(exc: native_errors.DetailedPyreqwestError) -> str:
+    """The system's reason among the causes, as the urllib3 path gives it: " (Connection
+    refused)" for "Connection refused (os error 111)"; none found, nothing."""
+    for cause in _causes(exc):
+        reason, marker, _ = cause.partition(" (os error ")
+        if marker:
+            return f" ({reason})"
+    return ""
 
 
 def run_on_loop(make: Callable[[], Awaitable[None]], stop: threading.Event) -> None:

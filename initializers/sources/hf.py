@@ -2,9 +2,10 @@
 
 huggingface_hub parses the URI (``hf://[datasets/]org/repo[@rev][/path]``), resolves the
 revision to a commit, lists the tree and raises typed errors for private, gated and missing
-repos. Bytes come from the ``resolve`` URL pinned to that commit: small files over the native
-byte path (:mod:`initializers.native`, requested ahead of the workers), large ranges over the
-urllib3 transport (:mod:`initializers.transport`; native.py says why). Either way redirects to
+repos. Bytes come from the ``resolve`` URL pinned to that commit, over the native byte path
+(:mod:`initializers.native`: small files requested ahead of the workers, ranges read by them),
+or over the urllib3 transport (:mod:`initializers.transport`) where rustls refuses a
+certificate the CA bundle vouches for. Either way redirects to
 the CDN (or, for Xet-backed files on the real Hub, to its HTTP bridge) are followed and the token
 is never sent to another host.
 """
@@ -44,7 +45,7 @@ from initializers.errors import (
 )
 from initializers.fsutil import UnsafePathError, safe_relpath
 from initializers.httpstatus import check_status, is_transient, transient
-from initializers.native import WHOLE_BODY, NativeHttp, NativeRefused, Streamed, read_roots
+from initializers.native import NativeHttp, NativeRefused, Streamed, read_roots
 from initializers.options import SourceSettings
 from initializers.sources.base import Checksum, Listing, Order, RemoteFile, Skipped, Source
 from initializers.sources.paging import paged_listing, resumable
@@ -162,10 +163,10 @@ class HfSource(Source):
         if settings.token:
             headers["Authorization"] = f"Bearer {settings.token}"
         self._headers = headers
-        self._small = NativeHttp(
+        self._native = NativeHttp(
             self.endpoint, headers=headers, timeout=settings.timeout, roots=roots
         )
-        self._large = HttpTransport.for_settings(settings)
+        self._transport = HttpTransport.for_settings(settings)
         self._commit: str | None = None
         self._gated = False
 
@@ -260,7 +261,7 @@ class HfSource(Source):
     async def fetch_whole(self, file: RemoteFile) -> AsyncIterator[Streamed]:
         """A small file over the native path (the engine's ``wholefiles``)."""
         with self._gated_refusal():
-            async with self._small.get_whole(
+            async with self._native.get_whole(
                 self._resolve_path(file), file.size, file.path
             ) as body:
                 yield body
@@ -268,11 +269,10 @@ class HfSource(Source):
     def open_range(self, file: RemoteFile, start: int, end: int) -> RangeReader:
         whole = start == 0 and end == file.size
         with self._gated_refusal():
-            if end - start <= WHOLE_BODY:
-                with contextlib.suppress(NativeRefused):  # then the urllib3 way, below
-                    return self._small.open_range(
-                        self._resolve_path(file), start, end, file.path, whole
-                    )
+            with contextlib.suppress(NativeRefused):  # then the urllib3 way, below
+                return self._native.open_range(
+                    self._resolve_path(file), start, end, file.path, whole
+                )
             url = hf_hub_url(
                 self.repo_id,
                 file.locator,
@@ -280,7 +280,7 @@ class HfSource(Source):
                 revision=self._commit,
                 endpoint=self.endpoint,
             )
-            return self._large.open_range(url, self._headers, start, end, file.path)
+            return self._transport.open_range(url, self._headers, start, end, file.path)
 
     @contextlib.contextmanager
     def _gated_refusal(self) -> Iterator[None]:
@@ -302,7 +302,7 @@ class HfSource(Source):
             revision=self._commit,
             endpoint=self.endpoint,
         )
-        status, headers, _ = self._large.request("HEAD", url, self._headers, file.path)
+        status, headers, _ = self._transport.request("HEAD", url, self._headers, file.path)
         if status in (401, 403) and self._gated:
             raise AuthError(self._gated_message())
         check_status(status, f"{self.describe()}: {file.path}", headers)
@@ -318,8 +318,8 @@ class HfSource(Source):
         )
 
     def close(self) -> None:
-        self._small.close()
-        self._large.close()
+        self._native.close()
+        self._transport.close()
 
     # -- errors ---------------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ handling is CPU-bound, signed in the headers by :mod:`initializers.sources.s3sig
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from collections.abc import Iterator, Mapping
@@ -22,7 +23,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 from initializers import checksum as checksums
 from initializers.errors import NotFoundError, UsageError
-from initializers.native import NativeHttp, Streamed, read_roots
+from initializers.native import NativeHttp, NativeRefused, Streamed, read_roots
 from initializers.options import SourceSettings
 from initializers.sources import s3rest
 from initializers.sources.base import Checksum, Listing, RemoteFile, Source
@@ -107,8 +108,8 @@ class S3Source(Source):
         self._origin = f"{bucket_url.scheme}://{bucket_url.netloc}"
         self._host = host_header(bucket_url)
         self._bucket_path = bucket_url.path
-        # Small objects over the native path; the workers' way (a retry, or every file once
-        # the native client refused a certificate the CA bundle vouches for) is urllib3's.
+        # Objects over the native path (small ones whole on its loop, ranges on the workers);
+        # urllib3 once the native client refused a certificate the CA bundle vouches for.
         self._native = NativeHttp(
             self._origin, headers={}, timeout=settings.timeout, roots=read_roots(settings.ca_bundle)
         )
@@ -203,6 +204,8 @@ class S3Source(Source):
         whole = start == 0 and end == file.size
         path = self._object_path(file)
         headers = self._headers(path, whole, file.version)
+        with contextlib.suppress(NativeRefused):  # then the urllib3 way, below
+            return self._native.open_range(path, start, end, file.path, whole, headers)
         return self._transport.open_range(
             self._origin + path, headers, start, end, file.path, whole=whole
         )

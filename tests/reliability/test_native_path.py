@@ -1,11 +1,12 @@
-"""The two byte paths stop, time out and resume alike: native for small files, urllib3 for
-large ranges.
+"""The native byte path stops, times out and resumes as urllib3's did: its small files on the
+loop, its ranges on the workers' threads.
 
 What the native path (pyreqwest) does differently: its reads wait in Rust, where no socket of
-ours can be shut down, so a stop ends the waits and refuses new requests; a stall is caught
-between two reads; small files are requested ahead of the workers; and its runtime must never
-cross a fork. These specs drive the real CLI (and, for the cancel, the client itself) against
-the local Hub, whose CDN stalls on demand.
+ours can be reached, so a stop ends the loop's waits, refuses new requests and shuts down the
+process's client connections under the workers' blocking reads; a stall is caught between two
+reads; small files are requested ahead of the workers; and its runtime must never cross a fork.
+These specs drive the real CLI (and, for the cancel, the client itself) against the local Hub,
+whose CDN stalls on demand.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def wait_for_cdn_get(hub, deadline_s: float = 30) -> None:
 @pytest.mark.parametrize(
     ("stalled", "size"),
     [("before the headers", 512 << 10), ("mid-body", 20 * MIB)],
-    ids=["native-small-file-before-headers", "urllib3-large-file-mid-body"],
+    ids=["small-file-on-the-loop-before-headers", "large-file-on-a-worker-mid-body"],
 )
 def test_sigterm_while_the_cdn_stalls_exits_143_at_once_and_the_rerun_resumes(
     stalled, size, hub, launch, run_initializer, tmp_path
@@ -187,10 +188,14 @@ def test_a_native_failure_is_typed_by_its_status_and_names_the_file_not_the_url(
     assert "http://" not in str(failure.value)
 
 
-def test_a_native_request_to_a_closed_port_is_a_transient_cannot_connect(monkeypatch):
+def test_a_native_request_to_a_closed_port_is_a_transient_cannot_connect_with_its_reason(
+    monkeypatch,
+):
     monkeypatch.setattr(native, "_stopped", False)
     client = native.NativeHttp("http://127.0.0.1:9", headers={}, timeout=5)  # discard: closed
-    with pytest.raises(TransientError, match=r"^weights: cannot connect to the server$"):
+    with pytest.raises(
+        TransientError, match=r"^weights: cannot connect to the server \(Connection refused\)$"
+    ):
         client.open_range("org/m/resolve/x/model.safetensors", 0, 10, "weights", True)
 
 

@@ -195,14 +195,14 @@ def new_digest(algorithm: str, size: int, parts: Sequence[int] = ()) -> Digest:
 def digest_file(fd: int, size: int, algorithm: str, parts: Sequence[int] = ()) -> str:
     """Digest of the first ``size`` bytes of the open file ``fd`` (of its ``parts``, if given)."""
     digest = new_digest(algorithm, size, parts)
-    _feed(digest, fd, 0, size)
+    feed(digest, fd, 0, size)
     return digest.finish()
 
 
 _buffers = threading.local()
 
 
-def _feed(digest: Digest, fd: int, start: int, end: int) -> int:
+def feed(digest: Digest, fd: int, start: int, end: int) -> int:
     """Feed bytes ``[start, end)`` of ``fd`` to ``digest``; return where reading stopped.
 
     Reads go into one reused buffer per thread: a fresh 4 MiB block per read left each worker
@@ -267,7 +267,7 @@ class SpanDigest:
         """The digest of the whole file; call once every span is done."""
         self._advance(fd, wait=True)
         if self._hashed < self._size:  # a span never reported: read the rest
-            self._hashed = _feed(self._digest, fd, self._hashed, self._size)
+            self._hashed = feed(self._digest, fd, self._hashed, self._size)
         return self._digest.finish()
 
     def _advance(self, fd: int, *, wait: bool) -> None:
@@ -279,7 +279,7 @@ class SpanDigest:
                     end = self._ready.pop(self._hashed, None)
                 if end is None:
                     return
-                reached = _feed(self._digest, fd, self._hashed, end)
+                reached = feed(self._digest, fd, self._hashed, end)
                 with self._lock:
                     self._hashed = reached
         finally:

@@ -16,6 +16,7 @@ from itertools import zip_longest
 from pathlib import Path
 
 from initializers import checksum as checksums
+from initializers.crcspans import CrcSpans, combines
 from initializers.destination import storage_error
 from initializers.fsutil import journal_path, part_path
 from initializers.journal import RangeJournal, holes, merge
@@ -80,7 +81,7 @@ class FileJob:
         self._expected_known = False
         self.streamed_digest: str | None = None  # digest computed while streaming, if any
         self.kept: tuple[tuple[int, int], ...] = ()  # spans an interrupted run left on disk
-        self.spans: checksums.SpanDigest | None = None  # digest of a file fetched in ranges
+        self.spans: checksums.SpanDigest | CrcSpans | None = None  # of a file fetched in ranges
         self._final: Path | None = None
         self._part: Path | None = None
         self._journal: RangeJournal | None = None
@@ -200,8 +201,9 @@ class FileJob:
         if self.headers is None and not self._expected_known:
             self.headers = headers
 
-    def span_digest(self, source: Source) -> checksums.SpanDigest | None:
-        """The digest of this file's ranges (:class:`SpanDigest`), if there is a checksum;
+    def span_digest(self, source: Source) -> checksums.SpanDigest | CrcSpans | None:
+        """The digest of this file's ranges (a CRC put together from theirs, or a hash read
+        in order: :class:`CrcSpans`, :class:`SpanDigest`), if there is a checksum;
         the first call hands it the spans an interrupted run left on disk."""
         expected = self.expected_checksum(source)
         if expected is None:
@@ -209,9 +211,8 @@ class FileJob:
         with self._lock:
             first = self.spans is None
             if first:
-                self.spans = checksums.SpanDigest(
-                    expected.algorithm, self.remote.size, expected.parts
-                )
+                digest = CrcSpans if combines(expected.algorithm) else checksums.SpanDigest
+                self.spans = digest(expected.algorithm, self.remote.size, expected.parts)
             spans = self.spans
         if first and self.kept:
             fd = self.open()

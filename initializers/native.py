@@ -8,20 +8,21 @@ redirects, the connection pool, TLS and the body live in Rust; Python gets the s
 headers and the body in the pieces the connection delivers. The headers are what obstore, used
 here before, did not give: S3's ``x-amz-checksum-*`` verify every object on this path too.
 
-Two clients share one runtime. Small files are fetched whole on one asyncio loop thread per
+Two clients. Small files from S3 and the Hub are fetched whole on one asyncio loop thread per
 process (:meth:`NativeHttp.get_whole`, driven by :mod:`initializers.wholefiles`, many requests
-in flight without a thread each). Ranges of any size are read by the worker threads through the
-blocking client (:meth:`NativeHttp.open_range`): a worker waits in Rust with the GIL released
-while the runtime's threads read and decrypt, and is handed the body in the pieces the
-connection delivers (some 350 KiB each over a fast link, against urllib3's 16 KiB TLS records,
-each of which was a hand-off of the GIL). urllib3 (:mod:`initializers.transport`) remains the
-way when rustls refuses a certificate the CA bundle vouches for.
+in flight without a thread each). Ranges of any size, from S3, the Hub, GCS and Azure, are read
+by the worker threads through the blocking client (:meth:`NativeHttp.open_range`): a worker
+waits in Rust with the GIL released while the multithreaded runtime's threads read and decrypt,
+and is handed the body in the pieces the connection delivers (some 350 KiB each over a fast
+link, against urllib3's 16 KiB TLS records, each of which was a hand-off of the GIL). urllib3
+(:mod:`initializers.transport`) remains the way when rustls refuses a certificate the CA bundle
+vouches for.
 
 A stop (SIGTERM, through :func:`initializers.interrupts.interrupt_reads`) ends the loop's work at
 once and refuses any request that would start after it; a worker blocked in a blocking read is
 released by shutting down this process's client connections (:mod:`initializers.hangup`). A
 server that never answers is caught after ``timeout`` seconds, a stalled body after the same gap
-between two reads. The runtime must never cross a fork: the clients are built on first use in
+between two reads. A runtime must never cross a fork: the clients are built on first use in
 each process, and once built, this process forks no workers
 (:func:`initializers.processes.forbid_fork`). The status is judged by
 :mod:`initializers.httpstatus`, as on the urllib3 path; messages name the file, never the URL.
@@ -62,6 +63,7 @@ from initializers.errors import (
 from initializers.httpstatus import check_answer, range_value
 from initializers.interrupts import on_interrupt
 from initializers.streams import RangeReader
+from initializers.transport import HttpTransport
 
 CONNECT_TIMEOUT = 10.0
 WAIT_SLICE = 0.2  # seconds between two cuts of the connections after a stop
@@ -258,6 +260,23 @@ class NativeHttp:
         except BaseException:
             _count_blocking_read(-1)
             raise
+
+    def open_range_or_urllib3(
+        self,
+        transport: HttpTransport,
+        path: str,
+        headers: Mapping[str, str],
+        start: int,
+        end: int,
+        what: str,
+        whole: bool,
+    ) -> RangeReader:
+        """:meth:`open_range`, or the same GET through ``transport`` (urllib3 and OpenSSL) once
+        rustls refused a certificate the CA bundle vouches for."""
+        with contextlib.suppress(NativeRefused):
+            return self.open_range(path, start, end, what, whole, headers)
+        url = self._url(path)
+        return transport.open_range(url, {**self._headers, **headers}, start, end, what, whole)
 
     def close(self) -> None:
         with self._lock:

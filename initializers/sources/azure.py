@@ -25,6 +25,7 @@ from urllib.parse import quote, urlencode, urlsplit
 
 from initializers.errors import AuthError, NotFoundError, TransientError, UsageError
 from initializers.httpstatus import range_value, status_error
+from initializers.native import NativeHttp, read_roots
 from initializers.options import SourceSettings
 from initializers.sources.azauth import API_VERSION, SharedKey
 from initializers.sources.azidentity import identity_configured
@@ -92,6 +93,12 @@ class AzureSource(Source):
             connection.get("blobendpoint") or f"https://{account}{PUBLIC_SUFFIX}"
         ).rstrip("/")
         self._signer, self._sas = _credentials(settings, connection, account)
+        self._native = NativeHttp(
+            self._endpoint,
+            headers={},
+            timeout=settings.timeout,
+            roots=read_roots(settings.ca_bundle),
+        )
 
     @classmethod
     def from_settings(cls, location: str, settings: SourceSettings) -> Self:
@@ -203,11 +210,14 @@ class AzureSource(Source):
         whole = start == 0 and end == file.size
         extra = {"If-Match": file.version} if file.version else {}
         if not whole:
-            extra["Range"] = range_value(start, end)  # signed, so set here as the transport will
+            extra["Range"] = range_value(start, end)  # signed, so set here as the client will
         headers = self._headers("GET", url, extra)
-        return self._transport.open_range(url, headers, start, end, file.path, whole=whole)
+        return self._native.open_range_or_urllib3(
+            self._transport, url.removeprefix(self._endpoint), headers, start, end, file.path, whole
+        )
 
     def close(self) -> None:
+        self._native.close()
         self._transport.close()
 
 

@@ -37,6 +37,7 @@ import urllib3
 from initializers import checksum as checksums
 from initializers.errors import AuthError, NotFoundError, TransientError, UsageError
 from initializers.httpstatus import status_error
+from initializers.native import NativeHttp, read_roots
 from initializers.options import SourceSettings
 from initializers.sources.base import Checksum, Listing, RemoteFile, Source
 from initializers.sources.prefix import Entry, list_prefix, split_location
@@ -74,6 +75,9 @@ class GcsSource(Source):
         if emulator and "://" not in emulator:
             emulator = "http://" + emulator
         self._api = emulator or API
+        self._native = NativeHttp(
+            self._api, headers={}, timeout=settings.timeout, roots=read_roots(settings.ca_bundle)
+        )
         self._credentials = _credentials(settings, self._transport, bool(emulator))
         self._token_lock = threading.Lock()
 
@@ -161,15 +165,18 @@ class GcsSource(Source):
 
     def open_range(self, file: RemoteFile, start: int, end: int) -> RangeReader:
         name = quote(file.locator, safe="")
-        url = (
-            f"{self._api}/download/storage/v1/b/{quote(self.location.bucket)}/o/{name}"
+        path = (
+            f"/download/storage/v1/b/{quote(self.location.bucket)}/o/{name}"
             f"?alt=media&generation={file.version}"
         )
         headers = {**self._auth(), "Accept-Encoding": "gzip"}
         whole = start == 0 and end == file.size
-        return self._transport.open_range(url, headers, start, end, file.path, whole=whole)
+        return self._native.open_range_or_urllib3(
+            self._transport, path, headers, start, end, file.path, whole
+        )
 
     def close(self) -> None:
+        self._native.close()
         self._transport.close()
 
 

@@ -45,7 +45,7 @@ from initializers.errors import (
 )
 from initializers.fsutil import UnsafePathError, safe_relpath
 from initializers.httpstatus import check_status, is_transient, transient
-from initializers.native import NativeHttp, NativeRefused, Streamed, read_roots
+from initializers.native import NativeHttp, Streamed, read_roots
 from initializers.options import SourceSettings
 from initializers.sources.base import Checksum, Listing, Order, RemoteFile, Skipped, Source
 from initializers.sources.paging import paged_listing, resumable
@@ -269,18 +269,9 @@ class HfSource(Source):
     def open_range(self, file: RemoteFile, start: int, end: int) -> RangeReader:
         whole = start == 0 and end == file.size
         with self._gated_refusal():
-            with contextlib.suppress(NativeRefused):  # then the urllib3 way, below
-                return self._native.open_range(
-                    self._resolve_path(file), start, end, file.path, whole
-                )
-            url = hf_hub_url(
-                self.repo_id,
-                file.locator,
-                repo_type=self.repo_type,
-                revision=self._commit,
-                endpoint=self.endpoint,
+            return self._native.open_range_or_urllib3(
+                self._transport, self._resolve_path(file), {}, start, end, file.path, whole
             )
-            return self._transport.open_range(url, self._headers, start, end, file.path)
 
     @contextlib.contextmanager
     def _gated_refusal(self) -> Iterator[None]:

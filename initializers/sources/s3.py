@@ -11,7 +11,6 @@ handling is CPU-bound, signed in the headers by :mod:`initializers.sources.s3sig
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import re
 from collections.abc import Iterator, Mapping
@@ -23,7 +22,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 from initializers import checksum as checksums
 from initializers.errors import NotFoundError, UsageError
-from initializers.native import NativeHttp, NativeRefused, Streamed, read_roots
+from initializers.native import NativeHttp, Streamed, read_roots
 from initializers.options import SourceSettings
 from initializers.sources import s3rest
 from initializers.sources.base import Checksum, Listing, RemoteFile, Source
@@ -204,10 +203,8 @@ class S3Source(Source):
         whole = start == 0 and end == file.size
         path = self._object_path(file)
         headers = self._headers(path, whole, file.version)
-        with contextlib.suppress(NativeRefused):  # then the urllib3 way, below
-            return self._native.open_range(path, start, end, file.path, whole, headers)
-        return self._transport.open_range(
-            self._origin + path, headers, start, end, file.path, whole=whole
+        return self._native.open_range_or_urllib3(
+            self._transport, path, headers, start, end, file.path, whole
         )
 
     def _object_path(self, file: RemoteFile) -> str:

@@ -55,17 +55,19 @@ class _Hashlib:
         return self._hash.hexdigest()
 
 
-class _Crc:
+class Crc:
+    """A running CRC of ``step`` (``crc = step(data, crc)``), ``width`` bytes wide."""
+
     def __init__(self, step: Callable[[bytes, int], int], width: int) -> None:
         self._step = step
-        self._value = 0
+        self.value = 0
         self._width = width
 
     def update(self, data: bytes) -> None:
-        self._value = self._step(data, self._value)
+        self.value = self._step(data, self.value)
 
     def raw(self) -> bytes:
-        return self._value.to_bytes(self._width, "big")
+        return self.value.to_bytes(self._width, "big")
 
     def finish(self) -> str:
         return base64.b64encode(self.raw()).decode()
@@ -172,10 +174,10 @@ def _factory(algorithm: str, size: int = 0) -> Callable[[], Digest] | None:
         name = algorithm.removeprefix("s3-").removesuffix("-base64")
         return lambda: _Hashlib(name, b64=True)
     if algorithm == "s3-crc32":
-        return lambda: _Crc(isal_zlib.crc32, 4)
+        return lambda: Crc(isal_zlib.crc32, 4)
     crt = _CRT_CHECKSUMS.get(algorithm)
     if crt and (step := _crt_step(crt[0])):
-        return lambda: _Crc(step, crt[1])
+        return lambda: Crc(step, crt[1])
     return None
 
 

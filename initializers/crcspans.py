@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 from isal import isal_zlib
 
-from initializers.checksum import feed
+from initializers.checksum import Crc, feed
 
 Step = Callable[[bytes, int], int]
 Combine = Callable[[int, int, int], int]  # (crc of a, crc of b, length of b) -> crc of a + b
@@ -50,17 +50,6 @@ def _crc(algorithm: str) -> tuple[Step, Combine, int]:
     return getattr(crt, name), getattr(crt, f"combine_{name}"), width
 
 
-class _Running:
-    """A running CRC of step ``step``: how to feed it what :func:`feed` reads from disk."""
-
-    def __init__(self, step: Step) -> None:
-        self._step = step
-        self.value = 0
-
-    def update(self, data: bytes) -> None:
-        self.value = self._step(data, self.value)
-
-
 class CrcSpans:
     """The CRC (of a ``size``-byte file, of its ``parts`` when given) from pieces offered in any
     order; the same calls as :class:`initializers.checksum.SpanDigest`."""
@@ -80,18 +69,16 @@ class CrcSpans:
         one): its range's worker calls this in order, chunk after chunk."""
         view = memoryview(chunk)
         while view:
-            take = min(len(view), self._next_bound(offset) - offset)
-            self._extend(offset, view[:take])
+            index = bisect.bisect_right(self._bounds, offset)
+            bound = self._bounds[index] if index < len(self._bounds) else self._size
+            take = min(len(view), bound - offset)
+            self._extend(offset, view[:take], at_bound=self._bounds[index - 1] == offset)
             offset, view = offset + take, view[take:]
 
-    def _next_bound(self, offset: int) -> int:
-        index = bisect.bisect_right(self._bounds, offset)
-        return self._bounds[index] if index < len(self._bounds) else self._size
-
-    def _extend(self, offset: int, piece: memoryview) -> None:
+    def _extend(self, offset: int, piece: memoryview, at_bound: bool) -> None:
         with self._lock:
             start = self._ends.pop(offset, None)
-            if start is None or offset in self._bounds:
+            if start is None or at_bound:
                 self._forget_overwritten(offset)
                 start, crc = offset, self._step(piece, 0)
                 bisect.insort(self._starts, start)
@@ -139,8 +126,9 @@ class CrcSpans:
             if piece is not None and piece[0] <= end:
                 following, piece_crc = piece
             else:
-                following = min((s for s in self._pieces if cursor < s < end), default=end)
-                running = _Running(self._step)
+                index = bisect.bisect_right(self._starts, cursor)
+                following = min(self._starts[index], end) if index < len(self._starts) else end
+                running = Crc(self._step, self._width)
                 feed(running, fd, cursor, following)
                 piece_crc = running.value
             crc = self._combine(crc, piece_crc, following - cursor)

@@ -104,13 +104,13 @@ class S3Source(Source):
         credentials = self._plane.credentials
         self._signer = S3HeaderSigner(credentials, self._plane.region) if credentials else None
         bucket_url = urlsplit(self._plane.bucket_url)
-        self._origin = f"{bucket_url.scheme}://{bucket_url.netloc}"
+        origin = f"{bucket_url.scheme}://{bucket_url.netloc}"
         self._host = host_header(bucket_url)
         self._bucket_path = bucket_url.path
         # Objects over the native path (small ones whole on its loop, ranges on the workers);
         # urllib3 once the native client refused a certificate the CA bundle vouches for.
         self._native = NativeHttp(
-            self._origin, headers={}, timeout=settings.timeout, roots=read_roots(settings.ca_bundle)
+            origin, headers={}, timeout=settings.timeout, roots=read_roots(settings.ca_bundle)
         )
 
     @classmethod

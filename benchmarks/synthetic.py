@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import threading
+from bisect import bisect_right
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -62,6 +63,8 @@ class _ListHandler(BaseHTTPRequestHandler):
             self._send(501, b"<Error><Code>NotImplemented</Code></Error>")
             return
         start = int(query.get("continuation-token") or 0)
+        if "continuation-token" not in query and query.get("start-after"):  # keys sort as made
+            start = bisect_right(range(self.server.count), query["start-after"], key=key)
         if not query.get("prefix", "").startswith(PREFIX[:-1]) and query.get("prefix"):
             start = self.server.count  # another prefix: nothing
         end = min(start + min(int(query.get("max-keys", PAGE)), PAGE), self.server.count)

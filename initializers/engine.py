@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from initializers import unchanged
 from initializers.destination import FileLock, destination_lock, storage_error
 from initializers.errors import InitializerError, LocalStorageError
 from initializers.filetable import as_table
@@ -135,6 +136,8 @@ class Engine:
             )
 
     def _sync_locked(self, chooser: Chooser, source_uri: str, revision: str | None) -> Outcome:
+        if (proven := self._unchanged(chooser, source_uri, revision)) is not None:
+            return proven
         planned = Plan(self.destination, chooser, source_uri, revision, self.stop)
         planned.advance(done=not planned.streamed)  # a listing still arriving: its first page
         outcome = planned.outcome
@@ -169,6 +172,25 @@ class Engine:
             raise storage_error(exc, record) from None
         self.destination.commits.remove()
         return outcome
+
+    def _unchanged(self, chooser: Chooser, source_uri: str, revision: str | None) -> Outcome | None:
+        """The outcome of a rerun the manifest proves has nothing to do, checked in parallel
+        key ranges (:mod:`initializers.unchanged`); None: plan it."""
+        if self.share is not None or self.destination.commits.path.exists():
+            return None
+        check = unchanged.Check(
+            self.source,
+            self.dest,
+            self.destination.record,
+            chooser.allow,
+            chooser.ignore,
+            self.stop,
+        )
+        tally = unchanged.unchanged(check, chooser, source_uri, revision)
+        if tally is None:
+            return None
+        unchanged.report(chooser, tally)
+        return Outcome(files_total=tally.files, bytes_total=tally.size, up_to_date=True)
 
 
 def describe_outcome(label: str, outcome: Outcome) -> str:

@@ -13,6 +13,7 @@ import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from initializers.fsutil import atomic_write_bytes
 
@@ -114,8 +115,8 @@ def read_manifest_head(path: Path) -> Manifest | None:
 
 
 def manifest_records(path: Path) -> Iterator[tuple[str, FileRecord]]:
-    """Every ``(path, record)`` of the manifest at ``path``, read a line at a time in the
-    layout :func:`manifest_pieces` writes (bounded memory however many files), or whole for
+    """Every ``(path, record)`` of the manifest at ``path``, read a block of lines at a time in
+    the layout :func:`manifest_pieces` writes (bounded memory however many files), or whole for
     any other layout. Raises ValueError on anything that is not a valid manifest."""
     try:
         with open(path, "rb") as stream:
@@ -126,30 +127,40 @@ def manifest_records(path: Path) -> Iterator[tuple[str, FileRecord]]:
             head = json.loads(first.rstrip()[: -len(_OPEN_FILES)] + b"}")
             if not isinstance(head, dict) or head.get("format") != FORMAT_VERSION:
                 raise ValueError("not a manifest of this format")
-            lines: list[bytes] = []  # decoded 4,096 at a time: one JSON call, not one a line
-            for line in stream:
-                if line.rstrip(b"\n") == b"}}":
-                    yield from _decoded(lines)
-                    return
-                lines.append(line)
-                if len(lines) == _LINES_AT_ONCE:
-                    yield from _decoded(lines)
-                    lines.clear()
-            raise ValueError("the manifest ends before its last record")
+            yield from _records_between(stream, stream.tell(), _records_end(stream))
     except (OSError, TypeError, KeyError, AttributeError, UnicodeDecodeError) as exc:
         raise ValueError(str(exc)) from None
 
 
-_LINES_AT_ONCE = 4096
+_BLOCK = 1 << 19  # bytes of record lines decoded at once: one JSON call, not one a line
+_TAIL = b"\n}}\n"  # the last record's line ends, then the closing line
 
 
-def _decoded(lines: list[bytes]) -> Iterator[tuple[str, FileRecord]]:
-    """The records of consecutive record lines (``"path": {...},``), in their order."""
-    if not lines:
-        return
-    body = json.loads(b"{" + b"".join(lines).rstrip().rstrip(b",") + b"}")
-    for name, fields in body.items():
-        yield name, FileRecord(**fields)
+def _records_end(stream: BinaryIO) -> int:
+    """The offset just past the last record line (before the closing line); ValueError for a
+    manifest cut short."""
+    size = os.fstat(stream.fileno()).st_size
+    stream.seek(max(0, size - len(_TAIL)))
+    if stream.read() != _TAIL:
+        raise ValueError("the manifest ends before its last record")
+    return size - len(_TAIL) + 1
+
+
+def _records_between(stream: BinaryIO, begin: int, end: int) -> Iterator[tuple[str, FileRecord]]:
+    """The records of the whole lines in bytes ``[begin, end)``, in their order."""
+    stream.seek(begin)
+    carried = b""
+    while begin < end:
+        data = carried + stream.read(min(_BLOCK, end - begin))
+        if len(data) == len(carried):
+            raise ValueError("the manifest ends before its last record")
+        begin += len(data) - len(carried)
+        cut = len(data) if begin >= end else data.rfind(b"\n") + 1
+        carried = data[cut:]
+        if cut:
+            body = json.loads(b"{" + data[:cut].rstrip().rstrip(b",") + b"}")
+            for name, f in body.items():
+                yield name, FileRecord(f["size"], f["checksum"], f["version"], f["mtime_ns"])
 
 
 def _records_of(body: object) -> Iterator[tuple[str, FileRecord]]:
@@ -160,6 +171,62 @@ def _records_of(body: object) -> Iterator[tuple[str, FileRecord]]:
 
 
 _OPEN_FILES = b', "files": {'
+
+
+@dataclass(frozen=True)
+class RecordSlice:
+    """A run of consecutive record lines of a manifest, and the paths on either side of it."""
+
+    begin: int  # the offset of its first line
+    end: int | None  # the offset of the next slice's first line; None: up to the closing line
+    after: str | None  # the path of the record just before it; None: it is the first
+    bound: str | None  # the path of the next slice's first record; None: it is the last
+
+
+def record_slices(path: Path, count: int) -> list[RecordSlice] | None:
+    """The records of the manifest at ``path`` cut, at line boundaries, into at most ``count``
+    slices of about as many bytes each (records are in path order, so each slice holds the
+    paths from its first up to its ``bound``); None for a manifest not in the layout
+    :func:`manifest_pieces` writes, or without records."""
+    try:
+        with open(path, "rb") as stream:
+            if not stream.readline().rstrip().endswith(_OPEN_FILES):
+                return None
+            begin, size = stream.tell(), os.fstat(stream.fileno()).st_size
+            if not stream.readline().startswith(b'"'):
+                return None
+            slices: list[RecordSlice] = []
+            start, after = begin, None
+            for i in range(1, count):
+                stream.seek(begin + (size - begin) * i // count - 1)
+                stream.readline()  # the end of the line the cut fell in
+                before, at = stream.readline(), stream.tell()
+                following = stream.readline()
+                if at <= start or not before.startswith(b'"') or not following.startswith(b'"'):
+                    continue  # the cut fell on the first record line, or past the last
+                bound = _path_of(following)
+                slices.append(RecordSlice(start, at, after, bound))
+                start, after = at, _path_of(before)
+            slices.append(RecordSlice(start, None, after, None))
+            return slices
+    except (OSError, ValueError):
+        return None
+
+
+def _path_of(line: bytes) -> str:
+    """The path of one record line (``"path": {...},``)."""
+    return next(iter(json.loads(b"{" + line.rstrip().rstrip(b",") + b"}")))
+
+
+def slice_records(path: Path, piece: RecordSlice) -> Iterator[tuple[str, FileRecord]]:
+    """The records of ``piece`` of the manifest at ``path``, in order, a block at a time.
+    Raises ValueError on a record that does not parse, or a manifest cut short."""
+    try:
+        with open(path, "rb") as stream:
+            end = piece.end if piece.end is not None else _records_end(stream)
+            yield from _records_between(stream, piece.begin, end)
+    except (OSError, TypeError, KeyError, AttributeError, UnicodeDecodeError) as exc:
+        raise ValueError(str(exc)) from None
 
 
 def manifest_pieces(

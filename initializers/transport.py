@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import socket
 import ssl
 import threading
 import urllib.request
+import weakref
 from collections.abc import Collection, Iterator, Mapping
 from typing import Protocol
 from urllib.parse import urlsplit
@@ -138,10 +140,12 @@ class HttpTransport:
             "ca_certs": ca_bundle,
             "retries": False,
         }
-        self._direct = _tracked(urllib3.PoolManager(**pool_args))
-        self._proxies = urllib.request.getproxies_environment()
-        self._proxied: dict[str, urllib3.ProxyManager] = {}
         self._pool_args = pool_args
+        self._fresh_pools()
+        self._proxies = urllib.request.getproxies_environment()
+        # A forked worker must not read from its parent's kept-alive sockets: both would.
+        alive = weakref.WeakMethod(self._fresh_pools)
+        os.register_at_fork(after_in_child=lambda: (fresh := alive()) and fresh())
         # Followed by hand so the per-hop rules below hold; credentials never cross hosts.
         self._retry = urllib3.Retry(
             total=None,
@@ -153,6 +157,11 @@ class HttpTransport:
             raise_on_redirect=True,
             raise_on_status=False,
         )
+
+    def _fresh_pools(self) -> None:
+        """Pools with no connection yet (those inherited over a fork are left unused)."""
+        self._direct = _tracked(urllib3.PoolManager(**self._pool_args))
+        self._proxied: dict[str, urllib3.ProxyManager] = {}
 
     @classmethod
     def for_settings(cls, settings: PoolSettings) -> HttpTransport:

@@ -51,6 +51,7 @@ class RemoteFile:
 
 
 Skipped = tuple[str, str]  # a name the source offered that is refused: (raw name, why)
+Listed = tuple[str, int, str | None]  # a listed key as (path, size, version), unchecked
 
 
 class Order(Enum):
@@ -129,6 +130,14 @@ class Source(ABC):
     @abstractmethod
     def list(self) -> Listing:
         """List the files under the URI; raise NotFoundError when there are none."""
+
+    def listed_after(self, after: str | None) -> Iterator[Listed] | None:
+        """The listing resumed past the path ``after`` (None: from its start), in key order,
+        each key as it is listed (its name relative to the URI, not yet checked as a path;
+        folder placeholders included); None where the source cannot resume a listing at a
+        key. The warm rerun's check lists key ranges with it in parallel
+        (:mod:`initializers.unchanged`)."""
+        return None
 
     @abstractmethod
     def open_range(self, file: RemoteFile, start: int, end: int) -> RangeReader:

@@ -45,6 +45,16 @@ class Entry:
     meta: Any
 
 
+def folder_of(prefix: str) -> str:
+    """The folder a prefix names: its keys' common start ("" for a whole bucket)."""
+    return prefix if prefix.endswith("/") or not prefix else prefix + "/"
+
+
+def is_placeholder(key: str, size: int) -> bool:
+    """A zero-byte key ending in ``/``: a folder placeholder, not a file."""
+    return size == 0 and key.endswith("/")
+
+
 def list_prefix(
     prefix: str,
     *,
@@ -60,14 +70,14 @@ def list_prefix(
 
     ``list_folder`` gives the entries as its pages arrive (each page retried on its own); the
     first page is read now, the rest as the engine asks (:mod:`initializers.sources.paging`)."""
-    folder = prefix if prefix.endswith("/") or not prefix else prefix + "/"
+    folder = folder_of(prefix)
     seen = [0]  # entries listed, folder placeholders included
 
     def entries() -> Iterator[RemoteFile | Skipped]:
         for entry in list_folder(folder):
             seen[0] += 1
-            if entry.key.endswith("/") and entry.size == 0:
-                continue  # a folder placeholder
+            if is_placeholder(entry.key, entry.size):
+                continue
             try:
                 yield remote(safe_relpath(entry.key[len(folder) :]), entry)
             except UnsafePathError as exc:

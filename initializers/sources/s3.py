@@ -25,8 +25,14 @@ from initializers.errors import NotFoundError, UsageError
 from initializers.native import NativeHttp, Streamed, read_roots
 from initializers.options import SourceSettings
 from initializers.sources import s3rest
-from initializers.sources.base import Checksum, Listing, RemoteFile, Source
-from initializers.sources.prefix import Entry, list_prefix, one_object, split_location
+from initializers.sources.base import Checksum, Listed, Listing, RemoteFile, Source
+from initializers.sources.prefix import (
+    Entry,
+    folder_of,
+    list_prefix,
+    one_object,
+    split_location,
+)
 from initializers.sources.s3errors import host_header
 from initializers.sources.s3options import request_headers
 from initializers.sources.s3sign import S3HeaderSigner
@@ -61,7 +67,7 @@ class ControlPlane(Protocol):
     credentials: Any  # with get_frozen_credentials(), or None (anonymous)
     bucket_url: str
 
-    def list_objects(self, folder: str) -> Iterator[dict[str, Any]]: ...
+    def list_objects(self, folder: str, start_after: str = "") -> Iterator[dict[str, Any]]: ...
     def head_object(self, key: str) -> dict[str, Any] | None: ...
     def head_part(self, key: str, number: int) -> dict[str, Any] | None: ...
     def close(self) -> None: ...
@@ -175,8 +181,17 @@ class S3Source(Source):
     def _head_once(self, key: str) -> dict[str, Any] | None:
         return self._plane.head_object(key)
 
+    def listed_after(self, after: str | None) -> Iterator[Listed] | None:
+        """ListObjectsV2 from past ``after`` (its ``start-after``); a pinned version of one
+        object is no listing."""
+        if self.location.version_id is not None:
+            return None
+        folder = folder_of(self.location.prefix)
+        objects = self._plane.list_objects(folder, folder + after if after is not None else "")
+        return ((o["Key"][len(folder) :], int(o.get("Size", 0)), _version(o)) for o in objects)
+
     def _remote(self, path: str, key: str, obj: Mapping[str, Any]) -> RemoteFile:
-        etag = str(obj.get("ETag", "")).strip('"')
+        etag = _version(obj) or ""
         checksum = Checksum("md5", etag) if _MD5_ETAG.match(etag) else None
         additional = full_object_checksum(obj)
         return RemoteFile(
@@ -320,6 +335,11 @@ def _checksum_headers(headers: Mapping[str, str]) -> dict[str, str]:
         if headers.get(header):
             found[key] = headers[header]
     return found
+
+
+def _version(obj: Mapping[str, Any]) -> str | None:
+    """An object's version as the manifest records it: its ETag, unquoted."""
+    return str(obj.get("ETag", "")).strip('"') or None
 
 
 def full_object_checksum(obj: Mapping[str, Any]) -> Checksum | None:

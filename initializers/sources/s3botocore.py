@@ -57,9 +57,10 @@ class BotocorePlane:
         self.credentials = None if settings.anonymous else self._resolve_credentials()
         self.bucket_url: str = self._call(self._bucket_url)
 
-    def list_objects(self, folder: str) -> Iterator[dict[str, Any]]:
+    def list_objects(self, folder: str, start_after: str = "") -> Iterator[dict[str, Any]]:
         paginator = self._client.get_paginator("list_objects_v2")
-        pages = iter(paginator.paginate(Bucket=self.bucket, Prefix=folder))
+        after = {"StartAfter": start_after} if start_after else {}
+        pages = iter(paginator.paginate(Bucket=self.bucket, Prefix=folder, **after))
         while (page := self._call(lambda: next(pages, None))) is not None:
             yield from page.get("Contents", [])
 

@@ -97,13 +97,16 @@ class RestPlane:
         self._extra = {reads: request_headers(settings, reads) for reads in (False, True)}
         self._pinned = f"versionId={quote(version_id, safe='')}" if version_id else ""
 
-    def list_objects(self, folder: str) -> Iterator[dict[str, Any]]:
-        """Every object under ``folder``, page after page, in botocore's ListObjectsV2 keys."""
+    def list_objects(self, folder: str, start_after: str = "") -> Iterator[dict[str, Any]]:
+        """Every object under ``folder`` (past the key ``start_after``, if given), page after
+        page, in botocore's ListObjectsV2 keys."""
         token: str | None = None
         while True:
             query = {"list-type": "2", "prefix": folder, "encoding-type": "url"}
             if token:
                 query["continuation-token"] = token
+            elif start_after:
+                query["start-after"] = start_after
             root, ns = self.retry.call(partial(self._list_page, query), self.where)
             encoded_keys = root.findtext(f"{ns}EncodingType") == "url"  # else the server ignored it
             truncated = root.findtext(f"{ns}IsTruncated", "false") == "true"

@@ -5,6 +5,8 @@
 * ``launch`` — starts the real CLI (``python -m initializers.<kind>``) in a clean environment and
   returns a :class:`Live` process whose stderr lines are collected as they come, so a test can
   wait for a log line, then signal or kill it.
+* ``paged`` — ``paged(prefix)`` serves an S3 listing of a few keys a page whose faults the
+  test sets (:mod:`tests.servers.paged_s3`); its URL.
 * ``tmpfs`` — mounts a small tmpfs (root only; skipped with the reason otherwise).
 """
 
@@ -27,6 +29,7 @@ import pytest
 
 from tests.conftest import ACCESS_KEY, SECRET_KEY, Bucket, clean_env, tree
 from tests.servers.faultproxy import FaultProxy, Request
+from tests.servers.paged_s3 import Prefix, paged_s3
 
 REPO = Path(__file__).resolve().parents[2]
 KILLPOINT = Path(__file__).with_name("killpoint.py")
@@ -175,6 +178,14 @@ def stable_bucket(
     for obj in listing.get("Contents", []):
         s3_client.delete_object(Bucket=name, Key=obj["Key"])  # type: ignore[attr-defined]
     s3_client.delete_bucket(Bucket=name)  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def paged() -> Iterator[Callable[[Prefix], str]]:
+    """``paged(prefix)`` serves ``prefix`` (:mod:`tests.servers.paged_s3`) until the test ends;
+    its endpoint's URL."""
+    with contextlib.ExitStack() as stack:
+        yield lambda prefix: stack.enter_context(paged_s3(prefix))
 
 
 @pytest.fixture

@@ -1,0 +1,196 @@
+"""The warm rerun's shortcut: prove, on every CPU at once, that a complete tree is unchanged.
+
+A rerun over a complete destination whose source has not changed fetches nothing, yet the plan
+(:mod:`initializers.planning`) passes each file through its scratch database on one thread:
+~25 µs a file, 25 s for a million. Where the source can resume a listing at a key
+(:meth:`~initializers.sources.base.Source.listed_after`: S3's ``start-after``), this check
+cuts the manifest (in path order, a record a line) into one slice per CPU, and a process per
+slice lists the slice's key range from the record before it while reading the slice's records
+beside it: each listed file must be the next record, with the same version and size, and lie
+on disk as recorded (size and mtime). The first difference ends the check in every process (a
+flag they share) and the run plans as ever. The check only ever proves there is nothing to do;
+it never decides what to fetch.
+
+It applies only where the manifest alone speaks for the tree: it names this source and
+revision, its files were synced or written since the last boot, no killed run left a commit
+log, the destination is not a shard's part, and the listing is longer than a page.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from initializers import processes
+from initializers.errors import STOPPED, InitializerError, Interrupted
+from initializers.fsutil import boot_id
+from initializers.manifest import (
+    FileRecord,
+    RecordSlice,
+    read_manifest_head,
+    record_is_intact,
+    record_slices,
+    slice_records,
+)
+from initializers.patterns import is_selected
+from initializers.selection import SHOWN, Chooser
+from initializers.sources.base import Listed, Source
+from initializers.sources.prefix import is_placeholder
+
+log = logging.getLogger(__name__)
+
+LOOK_EVERY = 1000  # listed keys between two looks at the shared flag and the stop
+
+
+@dataclass(frozen=True)
+class Tally:
+    """What a slice (or the whole tree) holds: files, bytes, and the keys the patterns left
+    out (how many, and the first few)."""
+
+    files: int = 0
+    size: int = 0
+    filtered: int = 0
+    shown: tuple[str, ...] = ()
+
+    def __add__(self, other: Tally) -> Tally:
+        return Tally(
+            self.files + other.files,
+            self.size + other.size,
+            self.filtered + other.filtered,
+            (self.shown + other.shown)[:SHOWN],
+        )
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check's fixed inputs, the same in every process."""
+
+    source: Source
+    dest: Path
+    record: Path
+    allow: tuple[str, ...]
+    ignore: tuple[str, ...]
+    stop: threading.Event
+
+
+def unchanged(
+    check: Check, chooser: Chooser, source_uri: str, revision: str | None
+) -> Tally | None:
+    """The tree's tally when it is proven to be exactly what the source lists now; None when
+    it is not, or the check does not apply (the caller then plans as ever)."""
+    head = read_manifest_head(check.record)
+    if (
+        chooser.listing.rest is None
+        or head is None
+        or (head.source, head.revision) != (source_uri, revision)
+        or not head.trusted(boot_id())
+        or check.source.listed_after(None) is None
+    ):
+        return None
+    count = processes.process_count(processes.UNCOUNTED, processes.MAX_PROCESSES)
+    slices = record_slices(check.record, count)
+    if not slices:
+        return None
+    differs = mmap.mmap(-1, 1)  # shared with the forked processes: 1 once one finds a change
+    children = [
+        processes.fork(partial(_child, check, piece, differs), check.stop) for piece in slices[1:]
+    ]
+    try:
+        mine = _slice_tally(check, slices[0], differs)
+    finally:
+        if children:
+            processes.gather(children, check.stop, lambda *_: None)
+    tallies = [mine, *(_tally_of(child.result) for child in children)]
+    if check.stop.is_set():
+        raise Interrupted(STOPPED)
+    if any(tally is None for tally in tallies):
+        return None
+    return sum((t for t in tallies if t is not None), Tally())
+
+
+def _child(check: Check, piece: RecordSlice, differs: mmap.mmap, _: Any) -> dict[str, Any]:
+    return {"tally": _slice_tally(check, piece, differs)}
+
+
+def _tally_of(result: dict[str, Any] | None) -> Tally | None:
+    found = (result or {}).get("tally")
+    return found if isinstance(found, Tally) else None
+
+
+def _slice_tally(check: Check, piece: RecordSlice, differs: mmap.mmap) -> Tally | None:
+    """The slice's tally, or None at its first difference (which it tells the others)."""
+    try:
+        tally = _compare(check, piece, differs)
+    except (InitializerError, ValueError, OSError) as exc:  # not proven; the plan will tell
+        log.debug("the unchanged check gave up: %s", exc)
+        tally = None
+    if tally is None:
+        differs[0] = 1
+    return tally
+
+
+def _compare(check: Check, piece: RecordSlice, differs: mmap.mmap) -> Tally | None:
+    """Walk the slice's key range and its records side by side."""
+    records = slice_records(check.record, piece)
+    listed = check.source.listed_after(piece.after)
+    if listed is None:
+        return None
+    files = size = filtered = 0
+    shown: list[str] = []
+    for looked, (path, length, version) in enumerate(_in_range(listed, piece.bound)):
+        if looked % LOOK_EVERY == 0:
+            if check.stop.is_set():
+                raise Interrupted(STOPPED)
+            if differs[0]:
+                return None
+        if is_placeholder(path, length):
+            continue
+        if not _chosen(check, path):
+            filtered += 1
+            shown += [path] if len(shown) < SHOWN else []
+            continue
+        found = next(records, None)
+        if found is None or not _same(check.dest, path, length, version, *found):
+            return None
+        files += 1
+        size += length
+    if next(records, None) is not None:  # a recorded file is no longer listed
+        return None
+    return Tally(files, size, filtered, tuple(shown))
+
+
+def _in_range(listed: Iterator[Listed], bound: str | None) -> Iterator[Listed]:
+    """The listed keys before ``bound`` (the next slice's first path)."""
+    for entry in listed:
+        if bound is not None and entry[0] >= bound:
+            return
+        yield entry
+
+
+def _chosen(check: Check, path: str) -> bool:
+    return not (check.allow or check.ignore) or is_selected(path, check.allow, check.ignore)
+
+
+def _same(
+    dest: Path, path: str, size: int, version: str | None, recorded: str, record: FileRecord
+) -> bool:
+    """The listed key is the recorded file, unchanged at the source and on disk."""
+    return (
+        path == recorded
+        and size == record.size
+        and version == record.version
+        and record_is_intact(dest, path, record)
+    )
+
+
+def report(chooser: Chooser, tally: Tally) -> None:
+    """Say what the patterns left out, as a planned run does."""
+    chooser.filtered_count, chooser.filtered_out = tally.filtered, list(tally.shown)
+    chooser.chosen = tally.files
+    chooser.report()

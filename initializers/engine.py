@@ -185,6 +185,7 @@ class Engine:
             chooser.allow,
             chooser.ignore,
             self.stop,
+            self.destination.label,
         )
         tally = unchanged.unchanged(check, chooser, source_uri, revision)
         if tally is None:

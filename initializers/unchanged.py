@@ -77,6 +77,7 @@ class Check:
     allow: tuple[str, ...]
     ignore: tuple[str, ...]
     stop: threading.Event
+    label: str  # the run's name in the log
 
 
 def unchanged(
@@ -97,6 +98,11 @@ def unchanged(
     slices = record_slices(check.record, count)
     if not slices:
         return None
+    log.info(
+        "%s: checking the complete tree against the source, %d key range(s) at once",
+        check.label,
+        len(slices),
+    )
     differs = mmap.mmap(-1, 1)  # shared with the forked processes: 1 once one finds a change
     children = [
         processes.fork(partial(_child, check, piece, differs), check.stop) for piece in slices[1:]
@@ -110,6 +116,7 @@ def unchanged(
     if check.stop.is_set():
         raise Interrupted(STOPPED)
     if any(tally is None for tally in tallies):
+        log.info("%s: changed since the last complete run; planning what to fetch", check.label)
         return None
     return sum((t for t in tallies if t is not None), Tally())
 

@@ -107,7 +107,8 @@ def test_a_rerun_with_nothing_changed_lists_each_slice_once_from_its_edge_and_fe
     assert len(bounds) == SLICES - 1  # no edge on one CPU
 
     said = _rerun(run_initializer, endpoint, out)
-    assert "already complete (1500 files" in said
+    assert f"checking the complete tree against the source, {SLICES} key range(s)" in said
+    assert "already complete (1500 files" in said and "changed since" not in said
     assert not prefix.gets
     # Each slice after the first listed from the record just before its first one...
     assert sorted(prefix.starts_after) == [_before(bound) for bound in bounds]
@@ -128,6 +129,7 @@ def test_a_rerun_after_objects_changed_at_the_source_fetches_those_only(
         prefix.etags[key] = "v2"  # not an MD5: nothing to check the same bytes against
 
     said = _rerun(run_initializer, endpoint, out)
+    assert "changed since the last complete run; planning what to fetch" in said
     assert set(prefix.gets) == set(changed) and set(prefix.gets.values()) == {1}
     assert f"done — {len(changed)} fetched" in said
     assert holds_bodies(out, prefix.keys) and find_problems(out) == []

@@ -187,16 +187,21 @@ class RestPlane:
 
 def _object(item: ET.Element, encoded_key: bool, ns: str) -> dict[str, Any]:
     """One ``<Contents>`` of a listing, in botocore's keys (the key URL-decoded when the server
-    encoded it, as botocore does for ``encoding-type=url``); ``ns``: the page's namespace."""
+    encoded it, as botocore does for ``encoding-type=url``); ``ns``: the page's namespace. A
+    listing's every key passes here: the checksum's elements are looked for only once one is
+    known to be there, and a key is decoded only when it has something to decode."""
     key = item.findtext(f"{ns}Key", "")
+    if encoded_key and ("%" in key or "+" in key):
+        key = unquote_plus(key)
     found: dict[str, Any] = {
-        "Key": unquote_plus(key) if encoded_key else key,
+        "Key": key,
         "Size": int(item.findtext(f"{ns}Size", "0")),
         "ETag": item.findtext(f"{ns}ETag", ""),
     }
-    algorithms = [a.text for a in item.iter(f"{ns}ChecksumAlgorithm") if a.text]
-    if algorithms:
-        found["ChecksumAlgorithm"] = algorithms
+    if item.find(f"{ns}ChecksumAlgorithm") is not None:
+        algorithms = [a.text for a in item.iter(f"{ns}ChecksumAlgorithm") if a.text]
+        if algorithms:
+            found["ChecksumAlgorithm"] = algorithms
     kind = item.findtext(f"{ns}ChecksumType")
     if kind:
         found["ChecksumType"] = kind

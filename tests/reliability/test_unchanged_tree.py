@@ -30,14 +30,15 @@ from initializers.manifest import (
     slice_records,
     write_manifest_file,
 )
+from initializers.unchanged import LISTINGS_PER_PROCESS
 from tests.conftest import clean_env
 from tests.reliability.test_processes import wait_until_gone
 from tests.servers.paged_s3 import Prefix, env_for, holds_bodies, numbered_keys, paged_s3
 
 MANIFEST = ".initializer-manifest.json"
 KEYS = numbered_keys(1500)  # 300 pages of 5
-SLICES = processes.process_count(processes.UNCOUNTED, processes.MAX_PROCESSES)
-needs_two_cpus = pytest.mark.skipif(SLICES < 2, reason="one usable CPU: one slice, no start-after")
+PROCESSES = processes.process_count(processes.UNCOUNTED, processes.MAX_PROCESSES)
+SLICES = PROCESSES * LISTINGS_PER_PROCESS
 
 
 @pytest.fixture(scope="module")
@@ -94,8 +95,7 @@ POSITIONS = {
 
 def _at(position: str, out: Path) -> list[str]:
     keys = POSITIONS[position](_bounds(out))
-    if not keys:
-        pytest.skip("one usable CPU: one slice, no edges between slices")
+    assert keys, "no edge between slices"
     return keys
 
 
@@ -104,7 +104,7 @@ def test_a_rerun_with_nothing_changed_lists_each_slice_once_from_its_edge_and_fe
 ):
     prefix, endpoint, out = _complete(paged, complete_tree, tmp_path)
     bounds = _bounds(out)
-    assert len(bounds) == SLICES - 1  # no edge on one CPU
+    assert len(bounds) == SLICES - 1
 
     said = _rerun(run_initializer, endpoint, out)
     assert f"checking the complete tree against the source, {SLICES} key range(s)" in said
@@ -114,8 +114,8 @@ def test_a_rerun_with_nothing_changed_lists_each_slice_once_from_its_edge_and_fe
     assert sorted(prefix.starts_after) == [_before(bound) for bound in bounds]
     # ...and the run did not plan after the check: the 201 pages it lists before the check
     # (its first 1,000 keys, and a page to see more follow), then the check's, each page
-    # once, one more at each edge. A plan would list the 99 pages past the 201st again.
-    assert sum(prefix.requests.values()) == 201 + 300 + len(bounds)
+    # once but for at most two at each edge. A plan would list the 99 pages past the 201st.
+    assert 201 + 300 <= sum(prefix.requests.values()) <= 201 + 300 + 2 * len(bounds)
     assert find_problems(out) == []
 
 
@@ -233,10 +233,9 @@ def test_a_rerun_with_patterns_proves_the_chosen_files_unchanged_and_says_what_t
     assert not prefix.gets
     assert "already complete (1260 files" in said
     assert "240 file(s) left out by the allow/ignore patterns" in said
-    assert sum(prefix.requests.values()) == 201 + 300 + len(_bounds(out)), "planned after all"
+    assert sum(prefix.requests.values()) <= 201 + 300 + 2 * len(_bounds(out)), "planned"
 
 
-@needs_two_cpus
 def test_sigterm_during_the_check_exits_143_at_once_and_leaves_no_process(
     paged, complete_tree, run_initializer, launch, tmp_path
 ):

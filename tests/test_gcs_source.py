@@ -347,3 +347,27 @@ def test_on_gke_the_metadata_servers_token_is_used_without_any_key(tmp_path):
     asked = metadata.asked  # type: ignore[attr-defined]
     assert any(path.partition("?")[0].endswith("/token") for path, _ in asked), asked
     assert {flavor for _, flavor in asked} == {"Google"}
+
+
+def test_a_rerun_over_more_than_a_page_is_checked_in_key_ranges_and_fetches_only_a_changed_object(
+    gcs_emulator, gcs_bucket, run_initializer, tmp_path
+):
+    """The warm rerun's parallel check (``startOffset``, which lists from a key itself)."""
+    names = [f"{i // 100:02d}/{i:04d}.txt" for i in range(1010)]  # past the first page of 1,000
+    fill(gcs_emulator, gcs_bucket, "d", {name: name.encode() for name in names})
+    out = tmp_path / "out"
+    env = gcs_env(gcs_emulator, f"gs://{gcs_bucket}/d", out)
+    assert run_initializer("dataset", env=env).code == 0
+
+    again = run_initializer("dataset", env=env)
+    assert again.code == 0, again.stderr
+    assert "checking the complete tree against the source" in again.stderr
+    assert "already complete (1010 files" in again.stderr and "changed since" not in again.stderr
+
+    gcs_emulator.put(gcs_bucket, f"d/{names[700]}", b"a new generation")
+    changed = run_initializer("dataset", env=env)
+    assert changed.code == 0, changed.stderr
+    assert "changed since the last complete run" in changed.stderr
+    assert "done — 1 fetched, 1009 already present" in changed.stderr
+    assert (out / names[700]).read_bytes() == b"a new generation"
+    assert find_problems(out) == []

@@ -39,8 +39,8 @@ from initializers.errors import AuthError, NotFoundError, TransientError, UsageE
 from initializers.httpstatus import status_error
 from initializers.native import NativeHttp, read_roots
 from initializers.options import SourceSettings
-from initializers.sources.base import Checksum, Listing, RemoteFile, Source
-from initializers.sources.prefix import Entry, list_prefix, split_location
+from initializers.sources.base import Checksum, Listed, Listing, RemoteFile, Source
+from initializers.sources.prefix import Entry, folder_of, list_prefix, split_location
 from initializers.streams import RangeReader
 from initializers.transport import HttpTransport
 
@@ -120,12 +120,25 @@ class GcsSource(Source):
             remote=_remote,
         )
 
-    def _list_objects(self, folder: str) -> Iterator[Entry]:
+    def listed_after(self, after: str | None) -> Iterator[Listed]:
+        """The listing from ``startOffset``, which names the first key listed: the key
+        ``after`` itself is dropped."""
+        folder = folder_of(self.location.prefix)
+        start = folder + after if after is not None else ""
+        return (
+            (entry.key[len(folder) :], entry.size, _version(entry))
+            for entry in self._list_objects(folder, start)
+            if entry.key != start
+        )
+
+    def _list_objects(self, folder: str, start: str = "") -> Iterator[Entry]:
         token: str | None = None
         while True:
             query = {"prefix": folder, "fields": _FIELDS, "maxResults": "1000"}
             if token:
                 query["pageToken"] = token
+            elif start:
+                query["startOffset"] = start
             path = f"/storage/v1/b/{quote(self.location.bucket)}/o"
             page = self.retry.call(partial(self._get_json, path, dict(query)), self.describe())
             yield from (_entry(obj) for obj in page.get("items", []))
@@ -184,12 +197,17 @@ def _entry(obj: Mapping[str, Any]) -> Entry:
     return Entry(obj["name"], int(obj.get("size", 0)), obj)
 
 
+def _version(entry: Entry) -> str | None:
+    """An object's version as the manifest records it: its generation."""
+    return str(entry.meta.get("generation", "")) or None
+
+
 def _remote(path: str, entry: Entry) -> RemoteFile:
     obj = entry.meta
     return RemoteFile(
         path=path,
         size=entry.size,
-        version=str(obj.get("generation", "")) or None,
+        version=_version(entry),
         checksum=_checksum(obj),
         locator=entry.key,
     )

@@ -388,3 +388,23 @@ def test_server_quirks(s3_server: S3Server, compat: Bucket, prefix: str):
         "ranged_get": ranged_get(s3, compat.name, single),
     }
     assert found == matrix.QUIRKS[s3_server.name]
+
+
+def test_a_rerun_over_more_than_a_page_is_proven_unchanged_in_parallel_key_ranges(
+    s3_server: S3Server, compat: Bucket, prefix: str, run_initializer, tmp_path
+):
+    """Every server here honours ``start-after``: the warm rerun's check proves the tree
+    unchanged without planning it (a server that ignored it would send the run to its plan)."""
+    files = {f"{i // 100:02d}/{i:04d}.txt": b"%d" % i for i in range(1010)}  # past a page
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda key: put(compat, prefix, {key: files[key]}), files))
+    out = tmp_path / "out"
+    env = compat.env(prefix, OUTPUT_PATH=str(out))
+    first = run_initializer("dataset", env=env)
+    assert first.code == 0, first.output
+
+    again = run_initializer("dataset", env=env)
+    assert again.code == 0, again.output
+    assert "checking the complete tree against the source" in again.stderr, again.stderr
+    assert "already complete (1010 files" in again.stderr
+    assert "changed since" not in again.stderr, f"{s3_server.name} ignores start-after?"

@@ -186,6 +186,7 @@ class Engine:
             chooser.ignore,
             self.stop,
             self.destination.label,
+            self.scheduler.workers,
         )
         tally = unchanged.unchanged(check, chooser, source_uri, revision)
         if tally is None:

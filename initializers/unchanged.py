@@ -84,6 +84,7 @@ class Check:
     ignore: tuple[str, ...]
     stop: threading.Event
     label: str  # the run's name in the log
+    workers: int  # requests the run may have in flight: the listings at once, at most
 
 
 def unchanged(
@@ -100,8 +101,9 @@ def unchanged(
         or check.source.listed_after(None) is None
     ):
         return None
-    count = processes.process_count(processes.UNCOUNTED, processes.MAX_PROCESSES)
-    slices = record_slices(check.record, count * LISTINGS_PER_PROCESS)
+    count = processes.process_count(processes.UNCOUNTED, check.workers)
+    each = max(1, min(LISTINGS_PER_PROCESS, check.workers // count))
+    slices = record_slices(check.record, count * each)
     if not slices:
         return None
     log.info(

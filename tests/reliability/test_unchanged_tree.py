@@ -119,6 +119,16 @@ def test_a_rerun_with_nothing_changed_lists_each_slice_once_from_its_edge_and_fe
     assert find_problems(out) == []
 
 
+def test_the_check_lists_no_more_key_ranges_at_once_than_the_run_may_have_requests(
+    paged, complete_tree, run_initializer, tmp_path
+):
+    prefix, endpoint, out = _complete(paged, complete_tree, tmp_path)
+    said = _rerun(run_initializer, endpoint, out, WORKERS="1")
+    assert "checking the complete tree against the source, 1 key range(s) at once" in said
+    assert "already complete (1500 files" in said
+    assert not prefix.starts_after and not prefix.gets
+
+
 @pytest.mark.parametrize("position", POSITIONS)
 def test_a_rerun_after_objects_changed_at_the_source_fetches_those_only(
     position, paged, complete_tree, run_initializer, tmp_path

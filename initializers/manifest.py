@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from initializers.fsutil import atomic_write_bytes
 
@@ -158,8 +158,7 @@ def _records_between(stream: BinaryIO, begin: int, end: int) -> Iterator[tuple[s
         cut = len(data) if begin >= end else data.rfind(b"\n") + 1
         carried = data[cut:]
         if cut:
-            body = json.loads(b"{" + data[:cut].rstrip().rstrip(b",") + b"}")
-            for name, f in body.items():
+            for name, f in _record_lines(data[:cut]).items():
                 yield name, FileRecord(f["size"], f["checksum"], f["version"], f["mtime_ns"])
 
 
@@ -213,9 +212,14 @@ def record_slices(path: Path, count: int) -> list[RecordSlice] | None:
         return None
 
 
+def _record_lines(lines: bytes) -> dict[str, dict[str, Any]]:
+    """Whole record lines (``"path": {...},`` each) decoded in one JSON call, in their order."""
+    return json.loads(b"{" + lines.rstrip().rstrip(b",") + b"}")
+
+
 def _path_of(line: bytes) -> str:
-    """The path of one record line (``"path": {...},``)."""
-    return next(iter(json.loads(b"{" + line.rstrip().rstrip(b",") + b"}")))
+    """The path of one record line."""
+    return next(iter(_record_lines(line)))
 
 
 def slice_records(path: Path, piece: RecordSlice) -> Iterator[tuple[str, FileRecord]]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import mmap
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -124,10 +124,10 @@ def unchanged(
     tallies = [mine, *(_tally_of(child.result) for child in children)]
     if check.stop.is_set():
         raise Interrupted(STOPPED)
-    if any(tally is None for tally in tallies):
+    total = _total(tallies)
+    if total is None:
         log.info("%s: changed since the last complete run; planning what to fetch", check.label)
-        return None
-    return sum((t for t in tallies if t is not None), Tally())
+    return total
 
 
 def _child(check: Check, group: list[RecordSlice], differs: mmap.mmap, _: Any) -> dict[str, Any]:
@@ -143,10 +143,17 @@ def _group_tally(check: Check, group: list[RecordSlice], differs: mmap.mmap) -> 
     """This process's slices, each listed by a thread of its own: a listing mostly waits for
     its next page, and the others use the CPU meanwhile. The threads end before it returns."""
     with ThreadPoolExecutor(len(group), thread_name_prefix="unchanged") as pool:
-        tallies = list(pool.map(partial(_slice_tally, check, differs=differs), group))
-    if any(tally is None for tally in tallies):
-        return None
-    return sum((t for t in tallies if t is not None), Tally())
+        return _total(pool.map(partial(_slice_tally, check, differs=differs), group))
+
+
+def _total(tallies: Iterable[Tally | None]) -> Tally | None:
+    """The tallies added up; None if any is (a difference was found there)."""
+    total = Tally()
+    for tally in tallies:
+        if tally is None:
+            return None
+        total += tally
+    return total
 
 
 def _slice_tally(check: Check, piece: RecordSlice, differs: mmap.mmap) -> Tally | None:
@@ -177,7 +184,7 @@ def _compare(check: Check, piece: RecordSlice, differs: mmap.mmap) -> Tally | No
                 return None
         if is_placeholder(path, length):
             continue
-        if not _chosen(check, path):
+        if not is_selected(path, check.allow, check.ignore):
             filtered += 1
             shown += [path] if len(shown) < SHOWN else []
             continue
@@ -197,10 +204,6 @@ def _in_range(listed: Iterator[Listed], bound: str | None) -> Iterator[Listed]:
         if bound is not None and entry[0] >= bound:
             return
         yield entry
-
-
-def _chosen(check: Check, path: str) -> bool:
-    return not (check.allow or check.ignore) or is_selected(path, check.allow, check.ignore)
 
 
 def _same(

@@ -20,9 +20,12 @@ from awscrt.checksums import crc32c
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from initializers.config import AssetDefaults, load_settings
 from initializers.manifest import find_problems, read_manifest
+from initializers.sources import open_source
 from tests.conftest import clean_env, tree
 from tests.reliability.conftest import dataset
+from tests.servers.faultproxy import FaultProxy
 from tests.servers.tokens import TokenServer
 
 MIB = 1 << 20
@@ -371,3 +374,25 @@ def test_a_rerun_over_more_than_a_page_is_checked_in_key_ranges_and_fetches_only
     assert "done — 1 fetched, 1009 already present" in changed.stderr
     assert (out / names[700]).read_bytes() == b"a new generation"
     assert find_problems(out) == []
+
+
+def test_a_listing_of_more_than_a_page_returns_after_its_first_without_asking_for_the_second(
+    gcs_emulator, gcs_bucket, tmp_path
+):
+    names = [f"{i:04d}.txt" for i in range(1001)]  # a page of 1,000 and one more
+    fill(gcs_emulator, gcs_bucket, "d", {name: b"x" for name in names})
+    proxy = FaultProxy(gcs_emulator.url).start()
+    try:
+        settings = load_settings(
+            AssetDefaults("dataset", tmp_path),
+            ["--storage-uri", f"gs://{gcs_bucket}/d"],
+            env={"STORAGE_EMULATOR_HOST": proxy.url},
+        )
+        listing = open_source(settings).list()
+        listings = [r for r in proxy.received if r.path.endswith(f"/b/{gcs_bucket}/o")]
+        assert len(listings) == 1 and len(listing.files) == 1000
+        listing.complete()
+        listings = [r for r in proxy.received if r.path.endswith(f"/b/{gcs_bucket}/o")]
+    finally:
+        proxy.stop()
+    assert len(listings) == 2 and sorted(f.path for f in listing.files) == names

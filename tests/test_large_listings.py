@@ -214,6 +214,7 @@ def test_an_s3_listing_reads_the_same_in_s3s_namespace_or_in_none(namespaced, tm
         )
         source = open_source(settings)
         listing = source.list()
+        listing.complete()  # the second page is read on demand
     finally:
         server.shutdown()
     assert [(f.path, f.size, f.locator) for f in listing.files] == [

@@ -40,6 +40,7 @@ from initializers.httpstatus import status_error
 from initializers.native import NativeHttp, read_roots
 from initializers.options import SourceSettings
 from initializers.sources.base import Checksum, Listed, Listing, RemoteFile, Source
+from initializers.sources.paging import PAGE_END, PageEnd
 from initializers.sources.prefix import Entry, folder_of, list_prefix, split_location
 from initializers.streams import RangeReader
 from initializers.transport import HttpTransport
@@ -128,10 +129,10 @@ class GcsSource(Source):
         return (
             (entry.key[len(folder) :], entry.size, _version(entry))
             for entry in self._list_objects(folder, start)
-            if entry.key != start
+            if entry is not PAGE_END and entry.key != start
         )
 
-    def _list_objects(self, folder: str, start: str = "") -> Iterator[Entry]:
+    def _list_objects(self, folder: str, start: str = "") -> Iterator[Entry | PageEnd]:
         token: str | None = None
         while True:
             query = {"prefix": folder, "fields": _FIELDS, "maxResults": "1000"}
@@ -145,6 +146,7 @@ class GcsSource(Source):
             token = page.get("nextPageToken")
             if not token:
                 return
+            yield PAGE_END
 
     def _object(self, name: str) -> Entry | None:
         path = f"/storage/v1/b/{quote(self.location.bucket)}/o/{quote(name, safe='')}"

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import ssl
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any, Self
 from urllib.parse import quote, urlsplit
 
@@ -48,7 +48,7 @@ from initializers.httpstatus import check_status, is_transient, transient
 from initializers.native import NativeHttp, Streamed, read_roots
 from initializers.options import SourceSettings
 from initializers.sources.base import Checksum, Listing, Order, RemoteFile, Skipped, Source
-from initializers.sources.paging import paged_listing, resumable
+from initializers.sources.paging import PAGE_END, PageEnd, paged_listing, resumable
 from initializers.streams import RangeReader
 from initializers.transport import CONNECT_TIMEOUT, HttpTransport
 
@@ -200,18 +200,20 @@ class HfSource(Source):
             raise NotFoundError(f"{self.describe()} holds no files")
         return listing
 
-    def _entry(self, entry: RepoFile) -> RemoteFile | Skipped:
+    def _entry(self, entry: RepoFile | PageEnd) -> RemoteFile | Skipped | PageEnd:
         """A file of the tree, or its name and why it is refused.
 
         Every file keeps its path in the repository, sub-path or not: upstream downloads the
         whole repo with its layout, and the Kubeflow SDK's TorchTune trainer then reads
         /workspace/dataset/<sub-path> (as `hf download --include` lays it out too)."""
+        if entry is PAGE_END:
+            return entry
         try:
             return self._remote(safe_relpath(entry.path), entry)
         except UnsafePathError as exc:
             return entry.path, str(exc)
 
-    def _entries(self) -> Iterator[RepoFile]:
+    def _entries(self) -> Iterator[RepoFile | PageEnd]:
         commit = self._commit
         if self.path:
             found = self._api.get_paths_info(
@@ -225,14 +227,23 @@ class HfSource(Source):
             if isinstance(found[0], RepoFile):
                 yield found[0]
                 return
-        tree = self._api.list_repo_tree(
+        for page, finished in self._tree_pages(commit):
+            yield from (entry for entry in page if not isinstance(entry, RepoFolder))
+            if not finished:
+                yield PAGE_END
+
+    def _tree_pages(self, commit: str | None) -> Iterable[tuple[list[Any], bool]]:
+        """The recursive tree a page at a time, each with whether it was the last: the form
+        of it ``list_repo_tree`` flattens (huggingface_hub 2.4's ``_iter_repo_tree_pages``; the
+        Hub specs fail on a release without it), so the first page is known to be followed
+        without asking for the second."""
+        return self._api._iter_repo_tree_pages(
             self.repo_id,
-            path_in_repo=self.path or None,
+            self.path or None,
             recursive=True,
             revision=commit,
             repo_type=self.repo_type,
         )
-        yield from (entry for entry in tree if not isinstance(entry, RepoFolder))
 
     def _remote(self, relative: str, entry: RepoFile) -> RemoteFile:
         if entry.lfs is not None:

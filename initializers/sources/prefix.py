@@ -17,7 +17,7 @@ from initializers.errors import NotFoundError, UsageError
 from initializers.fsutil import UnsafePathError, safe_relpath
 from initializers.retry import RetryPolicy
 from initializers.sources.base import Listing, Order, RemoteFile, Skipped
-from initializers.sources.paging import paged_listing
+from initializers.sources.paging import PAGE_END, PageEnd, paged_listing
 
 
 def split_location(
@@ -60,7 +60,7 @@ def list_prefix(
     *,
     where: str,
     retry: RetryPolicy,
-    list_folder: Callable[[str], Iterable[Entry]],
+    list_folder: Callable[[str], Iterable[Entry | PageEnd]],
     lookup: Callable[[str], Entry | None],
     remote: Callable[[str, Entry], RemoteFile],
     nouns: tuple[str, str] = ("objects", "bucket"),
@@ -68,13 +68,17 @@ def list_prefix(
     """List ``prefix`` by the rule above; ``nouns`` name the objects and their container in the
     not-found message ("blobs", "container" for Azure).
 
-    ``list_folder`` gives the entries as its pages arrive (each page retried on its own); the
-    first page is read now, the rest as the engine asks (:mod:`initializers.sources.paging`)."""
+    ``list_folder`` gives the entries as its pages arrive (each page retried on its own), with
+    :data:`~initializers.sources.paging.PAGE_END` between two pages; the first page is read
+    now, the rest as the engine asks (:mod:`initializers.sources.paging`)."""
     folder = folder_of(prefix)
     seen = [0]  # entries listed, folder placeholders included
 
-    def entries() -> Iterator[RemoteFile | Skipped]:
+    def entries() -> Iterator[RemoteFile | Skipped | PageEnd]:
         for entry in list_folder(folder):
+            if entry is PAGE_END:
+                yield entry
+                continue
             seen[0] += 1
             if is_placeholder(entry.key, entry.size):
                 continue

@@ -26,6 +26,7 @@ from initializers.native import NativeHttp, Streamed, read_roots
 from initializers.options import SourceSettings
 from initializers.sources import s3rest
 from initializers.sources.base import Checksum, Listed, Listing, RemoteFile, Source
+from initializers.sources.paging import PAGE_END, PageEnd
 from initializers.sources.prefix import (
     Entry,
     folder_of,
@@ -67,7 +68,9 @@ class ControlPlane(Protocol):
     credentials: Any  # with get_frozen_credentials(), or None (anonymous)
     bucket_url: str
 
-    def list_objects(self, folder: str, start_after: str = "") -> Iterator[dict[str, Any]]: ...
+    def list_objects(
+        self, folder: str, start_after: str = ""
+    ) -> Iterator[dict[str, Any] | PageEnd]: ...
     def head_object(self, key: str) -> dict[str, Any] | None: ...
     def head_part(self, key: str, number: int) -> dict[str, Any] | None: ...
     def close(self) -> None: ...
@@ -162,9 +165,9 @@ class S3Source(Source):
     def _remote_entry(self, path: str, entry: Entry) -> RemoteFile:
         return self._remote(path, entry.key, entry.meta)
 
-    def _list_objects(self, folder: str) -> Iterator[Entry]:
+    def _list_objects(self, folder: str) -> Iterator[Entry | PageEnd]:
         for o in self._plane.list_objects(folder):
-            yield Entry(o["Key"], int(o.get("Size", 0)), o)
+            yield o if o is PAGE_END else Entry(o["Key"], int(o.get("Size", 0)), o)
 
     def _head_entry(self, key: str) -> Entry | None:
         found = self._head_once(key)
@@ -188,7 +191,11 @@ class S3Source(Source):
             return None
         folder = folder_of(self.location.prefix)
         objects = self._plane.list_objects(folder, folder + after if after is not None else "")
-        return ((o["Key"][len(folder) :], int(o.get("Size", 0)), _version(o)) for o in objects)
+        return (
+            (o["Key"][len(folder) :], int(o.get("Size", 0)), _version(o))
+            for o in objects
+            if o is not PAGE_END
+        )
 
     def _remote(self, path: str, key: str, obj: Mapping[str, Any]) -> RemoteFile:
         etag = _version(obj) or ""

@@ -27,6 +27,7 @@ from botocore.parsers import ResponseParserFactory
 from initializers.errors import AuthError, NotFoundError, TransientError, UsageError, tls_refused
 from initializers.options import SourceSettings
 from initializers.retry import RetryPolicy
+from initializers.sources.paging import PAGE_END, PageEnd
 from initializers.sources.s3errors import s3_error
 from initializers.sources.s3options import request_headers
 
@@ -57,12 +58,16 @@ class BotocorePlane:
         self.credentials = None if settings.anonymous else self._resolve_credentials()
         self.bucket_url: str = self._call(self._bucket_url)
 
-    def list_objects(self, folder: str, start_after: str = "") -> Iterator[dict[str, Any]]:
+    def list_objects(
+        self, folder: str, start_after: str = ""
+    ) -> Iterator[dict[str, Any] | PageEnd]:
         paginator = self._client.get_paginator("list_objects_v2")
         after = {"StartAfter": start_after} if start_after else {}
         pages = iter(paginator.paginate(Bucket=self.bucket, Prefix=folder, **after))
         while (page := self._call(lambda: next(pages, None))) is not None:
             yield from page.get("Contents", [])
+            if page.get("IsTruncated") and page.get("NextContinuationToken"):
+                yield PAGE_END
 
     def head_object(self, key: str) -> dict[str, Any] | None:
         try:

@@ -21,6 +21,7 @@ from urllib.parse import quote, unquote_plus, urlencode, urlsplit
 from initializers.errors import NotFoundError, TransientError, UsageError
 from initializers.options import SourceSettings
 from initializers.retry import RetryPolicy
+from initializers.sources.paging import PAGE_END, PageEnd
 from initializers.sources.s3errors import host_header, s3_error
 from initializers.sources.s3options import request_headers
 from initializers.sources.s3sign import S3HeaderSigner
@@ -97,9 +98,11 @@ class RestPlane:
         self._extra = {reads: request_headers(settings, reads) for reads in (False, True)}
         self._pinned = f"versionId={quote(version_id, safe='')}" if version_id else ""
 
-    def list_objects(self, folder: str, start_after: str = "") -> Iterator[dict[str, Any]]:
+    def list_objects(
+        self, folder: str, start_after: str = ""
+    ) -> Iterator[dict[str, Any] | PageEnd]:
         """Every object under ``folder`` (past the key ``start_after``, if given), page after
-        page, in botocore's ListObjectsV2 keys."""
+        page, in botocore's ListObjectsV2 keys, with :data:`PAGE_END` between pages."""
         token: str | None = None
         while True:
             query = {"list-type": "2", "prefix": folder, "encoding-type": "url"}
@@ -115,6 +118,7 @@ class RestPlane:
                 yield _object(item, encoded_keys, ns)
             if not truncated or not token:
                 return
+            yield PAGE_END
 
     def head_object(self, key: str) -> dict[str, Any] | None:
         """HeadObject's answer in botocore's keys, or None when there is no such object."""

@@ -64,7 +64,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         prefix = self.server.prefix
         parts = urlsplit(self.path)
-        if parts.path != "/bucket/":
+        if parts.path not in ("/bucket", "/bucket/"):  # botocore asks for the bucket unslashed
             key = unquote(parts.path.removeprefix("/bucket/"))
             prefix.gets[key] += 1
             self._send(200, body_of(key), "application/octet-stream")

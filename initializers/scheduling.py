@@ -259,6 +259,7 @@ class _Batch:
             progress=self.progress,
             fetched=self._commit_streamed,
             failed=lambda job, exc: self._submit(self.small, self._after_failure, job, exc),
+            opener=self.small,
         )
 
     def _wait(self) -> list[BaseException]:

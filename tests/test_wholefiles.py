@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 
 from initializers.filejob import FileJob
 from initializers.progress import Progress
@@ -36,9 +37,11 @@ class MemorySource:
 
     def __init__(self) -> None:
         self.open_now = self.most_open = self.most_tasks = 0
+        self.asked: list[str] = []  # the files, in the order their requests went out
 
     @contextlib.asynccontextmanager
     async def fetch_whole(self, file: RemoteFile) -> AsyncIterator[_Body]:
+        self.asked.append(file.path)
         self.open_now += 1
         self.most_open = max(self.most_open, self.open_now)
         self.most_tasks = max(self.most_tasks, len(asyncio.all_tasks()))
@@ -72,18 +75,21 @@ def test_four_hundred_files_cost_a_task_per_request_slot_not_a_task_per_file(tmp
     def failed(job: FileJob, exc: Exception) -> None:
         raise exc
 
-    asyncio.run(
-        fetch_whole_files(
-            source,  # type: ignore[arg-type]
-            jobs,
-            in_flight=IN_FLIGHT,
-            stop=threading.Event(),
-            progress=Progress(FILES, 0, 0),
-            fetched=done,
-            failed=failed,  # type: ignore[arg-type]
+    with ThreadPoolExecutor(2) as opener:
+        asyncio.run(
+            fetch_whole_files(
+                source,  # type: ignore[arg-type]
+                jobs,
+                in_flight=IN_FLIGHT,
+                stop=threading.Event(),
+                progress=Progress(FILES, 0, 0),
+                fetched=done,
+                failed=failed,  # type: ignore[arg-type]
+                opener=opener,
+            )
         )
-    )
-    assert fetched == [job.remote.path for job in jobs]  # every file, taken in order
+    assert source.asked == [job.remote.path for job in jobs]  # taken in order...
+    assert sorted(fetched) == source.asked  # ...and each fetched once
     assert all((tmp_path / f".{p}.part").read_bytes() == p.encode() for p in fetched)
     assert source.most_open == IN_FLIGHT
     assert source.most_tasks <= IN_FLIGHT + 1  # the requesters, and the run's own task

@@ -78,8 +78,12 @@ def s3_server(request: pytest.FixtureRequest, s3_servers: ServerPool) -> S3Serve
 
 @pytest.fixture
 def compat(s3_server: S3Server) -> Bucket:
-    """The server's bucket, as tests/conftest.py's ``Bucket`` (its ``env`` feeds the CLI)."""
-    return Bucket("compat", client(s3_server.endpoint), s3_server.endpoint)
+    """The server's bucket, as tests/conftest.py's ``Bucket`` (its ``env`` feeds the CLI).
+    Its client, which only sets up and inspects, retries as an SDK user would: SeaweedFS
+    answered a burst of uploads with InternalError past boto3's default three attempts, once
+    in a CI run."""
+    scaffolding = client(s3_server.endpoint, retries={"mode": "standard", "max_attempts": 10})
+    return Bucket("compat", scaffolding, s3_server.endpoint)
 
 
 @pytest.fixture

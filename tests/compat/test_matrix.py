@@ -396,7 +396,7 @@ def test_a_rerun_over_more_than_a_page_is_proven_unchanged_in_parallel_key_range
     """Every server here honours ``start-after``: the warm rerun's check proves the tree
     unchanged without planning it (a server that ignored it would send the run to its plan)."""
     files = {f"{i // 100:02d}/{i:04d}.txt": b"%d" % i for i in range(1010)}  # past a page
-    with ThreadPoolExecutor(16) as pool:
+    with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda key: put(compat, prefix, {key: files[key]}), files))
     out = tmp_path / "out"
     env = compat.env(prefix, OUTPUT_PATH=str(out))

@@ -338,3 +338,27 @@ def test_many_small_files_requested_ahead_keep_peak_memory_under_200_mib(hub, tm
     peak_kib = peak_rss_kib("dataset", env)
     assert peak_kib < 200 * 1024, f"peak RSS {peak_kib // 1024} MiB"
     assert len(list((out / "data").iterdir())) == 500
+
+
+def test_a_hub_fetch_never_loads_huggingface_hubs_hf_api_module(hub, tmp_path):
+    """Loading ``huggingface_hub.hf_api`` cost ~130 ms of every run's start: the listing goes
+    through the library's shared client and status check instead (sources/hubapi.py)."""
+    hub.add_repo("org/llama", MODEL)
+    script = (
+        "import os, sys\n"
+        "from initializers.cli import run\n"
+        "from initializers.model import DEFAULTS\n"
+        "code = run(DEFAULTS, sys.argv[1:])\n"
+        "loaded = [name for name in sys.modules if name.startswith('huggingface_hub.')]\n"
+        "print(code, 'huggingface_hub.hf_api' in loaded, len(loaded), flush=True)\n"
+        "os._exit(0)  # as the entrypoint ends (cli.main_for)\n"
+    )
+    (home := tmp_path / "home").mkdir()
+    env = clean_env(home, HF_ENDPOINT=hub.endpoint, TERMINATION_LOG=str(tmp_path / "t"))
+    argv = ["--storage-uri", "hf://org/llama", "--output", str(tmp_path / "out")]
+    found = subprocess.run(
+        [sys.executable, "-c", script, *argv], env=env, capture_output=True, text=True
+    )
+    code, loaded_hf_api, _ = found.stdout.split()
+    assert (code, loaded_hf_api) == ("0", "False"), found.stderr
+    assert "model.safetensors" in tree(tmp_path / "out")

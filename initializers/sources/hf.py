@@ -1,13 +1,14 @@
 """hf:// — Hugging Face Hub repos (models, datasets), listed with huggingface_hub.
 
-huggingface_hub parses the URI (``hf://[datasets/]org/repo[@rev][/path]``), resolves the
-revision to a commit, lists the tree and raises typed errors for private, gated and missing
-repos. Bytes come from the ``resolve`` URL pinned to that commit, over the native byte path
-(:mod:`initializers.native`: small files requested ahead of the workers, ranges read by them),
-or over the urllib3 transport (:mod:`initializers.transport`) where rustls refuses a
-certificate the CA bundle vouches for. Either way redirects to
-the CDN (or, for Xet-backed files on the real Hub, to its HTTP bridge) are followed and the token
-is never sent to another host.
+huggingface_hub parses the URI (``hf://[datasets/]org/repo[@rev][/path]``); its shared client
+resolves the revision to a commit and lists the tree (:mod:`initializers.sources.hubapi`: the
+calls ``HfApi`` makes, without importing it), and its status check raises typed errors for
+private, gated and missing repos. Bytes come from the ``resolve`` URL pinned to that commit,
+over the native byte path (:mod:`initializers.native`: small files requested ahead of the
+workers, ranges read by them), or over the urllib3 transport (:mod:`initializers.transport`)
+where rustls refuses a certificate the CA bundle vouches for. Either way redirects to the CDN
+(or, for Xet-backed files on the real Hub, to its HTTP bridge) are followed and the token is
+never sent to another host.
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import ssl
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, Self
 from urllib.parse import quote, urlsplit
 
 import httpx2
-from huggingface_hub import HfApi, get_session, hf_hub_url, set_client_factory
 from huggingface_hub import constants as hub_constants
+from huggingface_hub import get_session, set_client_factory
 from huggingface_hub.errors import (
     DisabledRepoError,
     EntryNotFoundError,
@@ -31,7 +32,6 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
-from huggingface_hub.hf_api import RepoFile, RepoFolder
 from huggingface_hub.utils import parse_hf_uri
 
 from initializers import __version__
@@ -48,6 +48,7 @@ from initializers.httpstatus import check_status, is_transient, transient
 from initializers.native import NativeHttp, Streamed, read_roots
 from initializers.options import SourceSettings
 from initializers.sources.base import Checksum, Listing, Order, RemoteFile, Skipped, Source
+from initializers.sources.hubapi import HubApi, HubFile
 from initializers.sources.paging import PAGE_END, PageEnd, paged_listing, resumable
 from initializers.streams import RangeReader
 from initializers.transport import CONNECT_TIMEOUT, HttpTransport
@@ -152,12 +153,7 @@ class HfSource(Source):
         roots = read_roots(settings.ca_bundle)
         if settings.ca_bundle:
             _trust_ca_bundle(settings.ca_bundle, roots)
-        self._api = HfApi(
-            endpoint=self.endpoint,
-            token=settings.token or False,
-            library_name="kf-initializers",
-            library_version=__version__,
-        )
+        self._api = HubApi(self.endpoint, self.repo_type, self.repo_id, settings.token, __version__)
         _enforce_timeout(settings.timeout)
         headers = {"User-Agent": f"kf-initializers/{__version__}"}
         if settings.token:
@@ -182,25 +178,14 @@ class HfSource(Source):
     # -- listing --------------------------------------------------------------------------------
 
     def list(self) -> Listing:
-        info = self._call(
-            lambda: self._api.repo_info(
-                self.repo_id,
-                revision=self.revision,
-                repo_type=self.repo_type,
-                # Not the repo's file list: the tree's pages give it as the fetch runs, and a
-                # repo of 100,000 files sends megabytes of names before the first GET.
-                expand=["sha", "gated"],
-            )
-        )
-        self._commit = info.sha
-        self._gated = bool(getattr(info, "gated", False))
+        self._commit, self._gated = self._call(lambda: self._api.revision(self.revision))
         entries = resumable(self._entries, self._call)
         listing = paged_listing(self._commit, map(self._entry, entries), Order.TREE)
         if not listing.files and not listing.skipped:
             raise NotFoundError(f"{self.describe()} holds no files")
         return listing
 
-    def _entry(self, entry: RepoFile | PageEnd) -> RemoteFile | Skipped | PageEnd:
+    def _entry(self, entry: HubFile | PageEnd) -> RemoteFile | Skipped | PageEnd:
         """A file of the tree, or its name and why it is refused.
 
         Every file keeps its path in the repository, sub-path or not: upstream downloads the
@@ -213,46 +198,27 @@ class HfSource(Source):
         except UnsafePathError as exc:
             return entry.path, str(exc)
 
-    def _entries(self) -> Iterator[RepoFile | PageEnd]:
-        commit = self._commit
+    def _entries(self) -> Iterator[HubFile | PageEnd]:
+        commit = self._commit or ""
         if self.path:
-            found = self._api.get_paths_info(
-                self.repo_id, [self.path], revision=commit, repo_type=self.repo_type
-            )
+            found = self._api.path_info(commit, self.path)
             if not found:
                 raise NotFoundError(
                     f"{self.describe()}: no file or folder {self.path!r} in the "
                     "repo at that revision"
                 )
-            if isinstance(found[0], RepoFile):
-                yield found[0]
+            if isinstance(found, HubFile):
+                yield found
                 return
-        for page, finished in self._tree_pages(commit):
-            yield from (entry for entry in page if not isinstance(entry, RepoFolder))
-            if not finished:
+        for files, last in self._api.tree_pages(commit, self.path):
+            yield from files
+            if not last:
                 yield PAGE_END
 
-    def _tree_pages(self, commit: str | None) -> Iterable[tuple[list[Any], bool]]:
-        """The recursive tree a page at a time, each with whether it was the last: the form
-        of it ``list_repo_tree`` flattens (huggingface_hub 2.4's ``_iter_repo_tree_pages``; the
-        Hub specs fail on a release without it), so the first page is known to be followed
-        without asking for the second."""
-        return self._api._iter_repo_tree_pages(
-            self.repo_id,
-            self.path or None,
-            recursive=True,
-            revision=commit,
-            repo_type=self.repo_type,
-        )
-
-    def _remote(self, relative: str, entry: RepoFile) -> RemoteFile:
-        if entry.lfs is not None:
+    def _remote(self, relative: str, entry: HubFile) -> RemoteFile:
+        if entry.sha256 is not None:
             return RemoteFile(
-                relative,
-                entry.size,
-                entry.lfs.sha256,
-                Checksum("sha256", entry.lfs.sha256),
-                entry.path,
+                relative, entry.size, entry.sha256, Checksum("sha256", entry.sha256), entry.path
             )
         return RemoteFile(
             relative, entry.size, entry.blob_id, Checksum("git-sha1", entry.blob_id), entry.path
@@ -297,13 +263,7 @@ class HfSource(Source):
 
     def check_access(self, file: RemoteFile) -> None:
         """A HEAD of the file's resolve URL: the Hub refuses it as it refuses the GET."""
-        url = hf_hub_url(
-            self.repo_id,
-            file.locator,
-            repo_type=self.repo_type,
-            revision=self._commit,
-            endpoint=self.endpoint,
-        )
+        url = f"{self.endpoint}/{self._resolve_path(file)}"
         status, headers, _ = self._transport.request("HEAD", url, self._headers, file.path)
         if status in (401, 403) and self._gated:
             raise AuthError(self._gated_message())

@@ -129,12 +129,17 @@ def _load_sync_file_range() -> Callable[[int, int, int], None]:
 start_writeback = _load_sync_file_range()
 
 
-# The most one ``pwrite`` hands the kernel. Chosen by a sweep (make bench's ours-wNk variants,
-# 5 paired rounds each, kernel as found, at 9c4cbbb): on the S3 and Hub models, smaller writes
-# were slower, back to back (256 KiB 1.02x / 0.98x the time of 1 MiB, 64 KiB 1.21x / 1.11x,
-# 32 KiB 1.30x / 1.17x) and after 10 idle seconds (256 KiB 1.12x / 1.08x, 64 KiB 1.17x /
-# 1.11x): each more call costs more interpreter time than smaller page-cache folios save.
-WRITE_SIZE = 1 << 20
+# The most one ``pwrite`` hands the kernel. A write makes page-cache folios up to its own size,
+# and a large folio needs a large free block: on a VM that reports freed memory to its host
+# (``page_reporting``), those are the blocks the host took back, and each page then costs a host
+# fault inside the copy. Measured with ``perf`` on the S3 model right after an s5cmd run (its
+# 32 KiB writes leave small free blocks behind), samples in ``copy_folio_from_iter_atomic``:
+# 1 MiB writes 6,690-7,198, 256 KiB 3,320-5,213, 128 KiB 1,015-2,359, 64 KiB 1,141-1,145,
+# 32 KiB 1,188-1,213, s5cmd itself ~1,500; after a run of ours at 1 MiB, ~1,000 (its freed
+# large blocks were not yet reported). 64 KiB is as low as any and costs ~0.03 CPU-s of
+# interpreter more on 2 GiB than 1 MiB; an earlier sweep (9c4cbbb, urllib3 reads of 1 MiB)
+# had found 1 MiB best, before ranges came in the native client's pieces.
+WRITE_SIZE = 64 << 10
 
 
 def write_all(fd: int, view: memoryview, offset: int) -> None:

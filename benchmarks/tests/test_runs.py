@@ -133,16 +133,16 @@ def test_a_write_size_variant_is_the_measured_code_with_that_constant_changed(
 
     measured = tmp_path / "src"
     shutil.copytree(Path(contenders.REPO_ROOT) / "initializers", measured / "initializers")
-    variant = contenders.OursWriteSize(64)
+    variant = contenders.OursWriteSize(256)
     assert variant.optional and variant.name not in {c.name for c in contenders.by_names(None)}
     invocation = variant.command(
         Context(**{**vars(ctx), "ours_src": measured}), Task("s3", "model"), tmp_path / "d"
     )
     copy = Path(invocation.env["PYTHONPATH"])
-    assert copy == tmp_path / "src-w64k"
+    assert copy == tmp_path / "src-w256k"
     fsutil = (copy / "initializers" / "fsutil.py").read_text()
-    assert "\nWRITE_SIZE = 65536\n" in fsutil
-    assert "\nWRITE_SIZE = 65536\n" not in (measured / "initializers" / "fsutil.py").read_text()
+    assert "\nWRITE_SIZE = 262144\n" in fsutil
+    assert "\nWRITE_SIZE = 262144\n" not in (measured / "initializers" / "fsutil.py").read_text()
 
 
 def test_every_s3_client_fetches_the_dataset_over_https_trusting_the_sessions_ca(

@@ -50,6 +50,7 @@ from initializers.fsutil import (
     make_room_for,
     part_path,
     safe_relpath,
+    write_all,
 )
 from initializers.journal import CommitLog
 from initializers.manifest import (
@@ -416,9 +417,7 @@ def _copy(member: Member, fd: int, stop: threading.Event) -> int:
         with member.open() as body:
             while chunk := body.read(COPY_CHUNK):
                 _unless_stopped(stop)  # SIGTERM: within a chunk, even inside a huge member
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(fd, view) :]
+                write_all(fd, memoryview(chunk), size)
                 size += len(chunk)
     except OSError as exc:
         if exc.errno is not None:  # the disk's, not the archive's

@@ -23,7 +23,7 @@ from concurrent.futures import Executor, Future
 
 from initializers.checksum import new_digest
 from initializers.filejob import FileJob
-from initializers.fsutil import write_all
+from initializers.fsutil import PIECE_WRITE_SIZE, write_all
 from initializers.progress import Progress
 from initializers.sources.base import Source
 
@@ -122,7 +122,7 @@ async def _stream_into(
         async for chunk in response.chunks():
             if stop.is_set():
                 return None
-            write_all(fd, chunk, offset)
+            write_all(fd, chunk, offset, PIECE_WRITE_SIZE)
             if digest is not None:
                 digest.update(chunk)
             offset += len(chunk)

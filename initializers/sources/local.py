@@ -26,7 +26,13 @@ from types import MappingProxyType
 from typing import Self
 
 from initializers.errors import AuthError, IntegrityError, NotFoundError, UsageError
-from initializers.fsutil import JOURNAL_SUFFIX, PART_SUFFIX, UnsafePathError, safe_relpath
+from initializers.fsutil import (
+    JOURNAL_SUFFIX,
+    PART_SUFFIX,
+    UnsafePathError,
+    safe_relpath,
+    write_all,
+)
 from initializers.options import SourceSettings
 from initializers.sources.base import Listing, Order, RemoteFile, Skipped, Source
 from initializers.sources.paging import paged_listing
@@ -195,9 +201,7 @@ class LocalRangeReader(RangeReader):
             else:
                 data = os.pread(self._fd, min(step, CHUNK_SIZE), position)
                 count = len(data)
-                view = memoryview(data)
-                while view:
-                    view = view[os.pwrite(fd, view, target + count - len(view)) :]
+                write_all(fd, memoryview(data), target)
             if not count:
                 break
             position, target = position + count, target + count

@@ -22,7 +22,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from benchmarks import measure
+from benchmarks import destinations, measure
 from benchmarks.accesslog import parse_line
 from benchmarks.machine import commit, describe_commit
 from benchmarks.synthetic import BUCKET, PREFIX, endpoint, total_bytes
@@ -104,19 +104,23 @@ def _env(url: str) -> dict[str, str]:
 
 def measure_count(count: int, rounds: int, work: Path, latency_ms: int = 0) -> list[Run]:
     runs: list[Run] = []
+    # Each run into a fresh folder where ext4 spreads them: a folder emptied and reused met the
+    # inodes the run before it had just freed, on every create (benchmarks/destinations.py).
+    print(f"  destinations: {destinations.spread(work / 'runs')}", flush=True)
     with endpoint(count, work / "endpoint", latency_ms / 1000) as url:
         log = work / "endpoint" / "access.log"
         env = _env(url)
         for r in range(rounds):
             order = ["ours", "s5cmd"] if r % 2 == 0 else ["s5cmd", "ours"]
+            dests = {name: work / "runs" / f"{name}-{r}" for name in order}
             for name in order:
-                dest = work / f"dest-{name}"
-                shutil.rmtree(dest, ignore_errors=True)
-                got = _run(name, _contenders(url, dest)[name], env, work, log)
+                got = _run(name, _contenders(url, dests[name])[name], env, work, log)
                 runs.append(Run(count, name, r, *got, latency_ms))
-                _check(name, got[-1], dest, count, work)
-            got = _run("warm", _contenders(url, work / "dest-ours")["ours"], env, work, log)
+                _check(name, got[-1], dests[name], count, work)
+            got = _run("warm", _contenders(url, dests["ours"])["ours"], env, work, log)
             runs.append(Run(count, "ours-warm", r, *got, latency_ms))
+            for dest in dests.values():
+                shutil.rmtree(dest, ignore_errors=True)
     return runs
 
 
@@ -372,9 +376,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--counts", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--latency-counts", type=int, nargs="*", default=[100_000])
-    parser.add_argument("--resume-count", type=int, default=None, help="default: the largest")
     parser.add_argument(
-        "--local-counts", type=int, nargs="*", default=None, help="default: the largest"
+        "--resume-count", type=int, default=None, help="default: the largest; 0 skips it"
+    )
+    parser.add_argument(
+        "--local-counts",
+        type=int,
+        nargs="*",
+        default=None,
+        help="default: the largest; none skips it",
     )
     parser.add_argument("--local-rounds", type=int, default=1)
     parser.add_argument("--hub-counts", type=int, nargs="*", default=[100_000])
@@ -396,23 +406,20 @@ def main(argv: list[str] | None = None) -> int:
         work.mkdir()
         print(f"{count:,} objects ({total_bytes(count) / (1 << 20):.0f} MiB)...", flush=True)
         runs += measure_count(count, args.rounds, work)
-        for folder in work.glob("dest-*"):
-            shutil.rmtree(folder, ignore_errors=True)
         print(report([r for r in runs if r.count == count]), flush=True)
     for count in args.latency_counts:
         work = out / f"n{count}-latency"
         work.mkdir()
         print(f"{count:,} objects, every response 20 ms late...", flush=True)
         runs += measure_count(count, args.rounds, work, latency_ms=20)
-        for folder in work.glob("dest-*"):
-            shutil.rmtree(folder, ignore_errors=True)
-    resume = args.resume_count or max(args.counts)
-    work = out / f"n{resume}-resume"
-    work.mkdir()
-    print(f"{resume:,} objects: killed at half, then resumed...", flush=True)
-    runs += measure_resume(resume, work)
-    shutil.rmtree(work / "dest-resume", ignore_errors=True)
-    for local in args.local_counts or [max(args.counts)]:
+    resume = max(args.counts) if args.resume_count is None else args.resume_count
+    if resume:
+        work = out / f"n{resume}-resume"
+        work.mkdir()
+        print(f"{resume:,} objects: killed at half, then resumed...", flush=True)
+        runs += measure_resume(resume, work)
+        shutil.rmtree(work / "dest-resume", ignore_errors=True)
+    for local in [max(args.counts)] if args.local_counts is None else args.local_counts:
         work = out / f"n{local}-local"
         work.mkdir()
         print(f"{local:,} one-byte files from a local folder, ours and cp -r...", flush=True)

@@ -259,7 +259,6 @@ class _Batch:
             progress=self.progress,
             fetched=self._commit_streamed,
             failed=lambda job, exc: self._submit(self.small, self._after_failure, job, exc),
-            opener=self.small,
         )
 
     def _wait(self) -> list[BaseException]:

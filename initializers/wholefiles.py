@@ -17,9 +17,11 @@ there. So retries, their budget and every message stay in one place.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-from collections.abc import Callable
-from concurrent.futures import Executor, Future
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
+from functools import partial
 
 from initializers.checksum import new_digest
 from initializers.filejob import FileJob
@@ -28,6 +30,9 @@ from initializers.progress import Progress
 from initializers.sources.base import Source
 
 BACKLOG = 96  # files fetched but not yet committed, beyond the requests in flight
+
+
+AHEAD = 64  # .parts made ahead of the requests, at most; the opener wakes once per half
 
 
 async def fetch_whole_files(
@@ -39,16 +44,16 @@ async def fetch_whole_files(
     progress: Progress,
     fetched: Callable[[FileJob], Future[None] | None],
     failed: Callable[[FileJob, Exception], Future[None]],
-    opener: Executor,
 ) -> None:
     """Fetch each job's whole file into its ``.part``, ``in_flight`` at a time, in order; then
     hand it to ``fetched`` (to verify and commit, without blocking), or, when anything went
     wrong, to ``failed`` with the failure (the workers' way decides what it means). Each
     returns the future of work it handed to a worker, if any: files handed on but not done
-    with are bounded too, as each holds its ``.part`` open. ``opener`` makes the ``.part``s."""
+    with are bounded too, as each holds its ``.part`` open."""
     backlog = asyncio.Semaphore(in_flight + BACKLOG)
     loop = asyncio.get_running_loop()
-    waiting = iter(jobs)  # shared by the requesters: each job is taken once, in order
+    waiting = enumerate(jobs)  # shared by the requesters: each job is taken once, in order
+    parts = OpenAhead(jobs, stop, loop)
 
     def release_when_done(future: Future[None]) -> None:
         future.add_done_callback(lambda _: loop.call_soon_threadsafe(backlog.release))
@@ -56,11 +61,14 @@ async def fetch_whole_files(
     async def requester() -> None:
         """One of ``in_flight``: a task per request slot, not per file (a task per file cost
         ~18 ms before the first request on the benchmark's 1,000 files a process)."""
-        for job in waiting:
+        for index, job in waiting:
             await backlog.acquire()
+            parts.taken(index)
             handed: Future[None] | None = None
             try:
-                handed = await _fetch_one(source, job, stop, progress, fetched, failed, opener)
+                handed = await _fetch_one(
+                    source, job, index, parts, stop, progress, fetched, failed
+                )
             finally:
                 if handed is None:
                     backlog.release()
@@ -70,34 +78,124 @@ async def fetch_whole_files(
             # cost 5-10% more CPU in paired rounds on the S3 dataset (3 runs of 8).
             await asyncio.sleep(0)
 
-    await asyncio.gather(*(requester() for _ in range(min(in_flight, len(jobs)))))
+    parts.start()
+    try:
+        await asyncio.gather(*(requester() for _ in range(min(in_flight, len(jobs)))))
+    finally:
+        parts.close()  # nothing is opened once this returns: the caller closes the jobs
+
+
+class OpenAhead:
+    """Makes the ``.part``s of ``jobs`` in order on a thread of its own, up to :data:`AHEAD`
+    beyond the last one a request was sent for, so each is ready when its body arrives.
+
+    A create can wait on the filesystem: ~0.4 ms for ours and s5cmd's alike where this VM's ext4
+    (no journal) searched past inodes just freed, and a round trip on an NFS volume; the loop
+    thread spent that blocked, file after file (the S3 dataset: 1.93 → 1.77 s there, when each
+    create went to a worker with the request). One thread running ahead, woken once per half
+    of :data:`AHEAD`, costs no hand-off per file: on 20,000 files of 1-8 KiB the pool's eight
+    threads had made ~5 context switches a file. A create that failed here is left to the
+    loop, which meets it again (:meth:`opened`) and hands the file to the workers' path."""
+
+    def __init__(
+        self, jobs: list[FileJob], stop: threading.Event, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self._jobs, self._stop, self._loop = jobs, stop, loop
+        self._lock = threading.Condition(threading.Lock())
+        self._next = 0  # the next job to open (the opener thread's)
+        self._limit = min(AHEAD, len(jobs))  # where it stops until requests catch up
+        self._asleep = False
+        self._closed = False
+        self._waiting: dict[int, asyncio.Future[None]] = {}
+        self._thread = threading.Thread(target=self._run, name="open-ahead", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._lock.notify()
+        self._thread.join()
+
+    def taken(self, index: int) -> None:
+        """A request for job ``index`` is going out: the opener may go on to ``index + AHEAD``.
+        It is woken (under the lock, so no wake-up is lost) once it is half that far behind,
+        or the last jobs are near; requests may report out of order, and a limit never moves
+        back."""
+        limit = min(index + 1 + AHEAD, len(self._jobs))
+        if limit - self._next >= AHEAD // 2 or limit == len(self._jobs):
+            with self._lock:
+                self._limit = max(self._limit, limit)
+                if self._asleep:
+                    self._lock.notify()
+        elif limit > self._limit:
+            self._limit = limit  # seen at the opener's next look; it is not far behind
+
+    async def passed(self, index: int) -> None:
+        """Wait until the opener is past job ``index``: its ``.part`` made, or refused."""
+        if self._jobs[index].fd is not None:
+            return
+        with self._lock:
+            waited = None if index < self._next else self._loop.create_future()
+            if waited is not None:
+                self._waiting[index] = waited
+        if waited is not None:
+            await waited
+
+    async def opened(self, index: int) -> int:
+        """Job ``index``'s ``.part`` descriptor, once made; after a failure there, the loop
+        tries once more, and raises what it meets."""
+        await self.passed(index)
+        job = self._jobs[index]
+        return job.fd if job.fd is not None else job.open()
+
+    def _run(self) -> None:
+        jobs = self._jobs
+        while True:
+            with self._lock:
+                while self._next >= self._limit and not self._closed:
+                    self._asleep = True
+                    self._lock.wait()
+                self._asleep = False
+                if self._closed:
+                    return
+                index = self._next
+            if not self._stop.is_set():
+                with contextlib.suppress(Exception):  # met again by the loop (opened)
+                    jobs[index].open()
+            with self._lock:
+                self._next = index + 1
+                waited = self._waiting.pop(index, None)
+            if waited is not None:
+                self._loop.call_soon_threadsafe(_done, waited)
+            if index + 1 == len(jobs):
+                return
+
+
+def _done(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 async def _fetch_one(
     source: Source,
     job: FileJob,
+    index: int,
+    parts: OpenAhead,
     stop: threading.Event,
     progress: Progress,
     fetched: Callable[[FileJob], Future[None] | None],
     failed: Callable[[FileJob, Exception], Future[None]],
-    opener: Executor,
 ) -> Future[None] | None:
-    """One whole file into its ``.part``, digested as it streams; then handed on.
-
-    The ``.part`` is made (its folder readied, its final name checked) on a thread of
-    ``opener`` while the request waits for its answer. A create can wait on the filesystem:
-    ~0.4 ms for ours and s5cmd's alike where this VM's ext4 (no journal) searched past inodes
-    just freed, and a round trip on an NFS volume; the loop thread spent that blocked, file
-    after file (the S3 dataset: 1.93 → 1.77 s there; no change where creates are quick)."""
+    """Job ``index`` whole into its ``.part`` (which ``parts`` makes), digested as it streams;
+    then handed on."""
     if stop.is_set():
         return None
-    opening = asyncio.get_running_loop().run_in_executor(opener, job.open)
     try:
-        try:
-            size = await _stream_into(source, job, opening, stop)
-        finally:
-            await _settled(opening)  # made, or refused, before the job moves on
+        size = await _stream_into(source, job, partial(parts.opened, index), stop)
     except Exception as exc:
+        await parts.passed(index)  # made, or refused, before the job moves on
         return failed(job, exc)
     if size is None:
         return None
@@ -109,7 +207,7 @@ async def _fetch_one(
 
 
 async def _stream_into(
-    source: Source, job: FileJob, opening: asyncio.Future[int], stop: threading.Event
+    source: Source, job: FileJob, opening: Callable[[], Awaitable[int]], stop: threading.Event
 ) -> int | None:
     """The body into the ``.part`` ``opening`` gives; its size, or None after a stop."""
     async with source.fetch_whole(job.remote) as response:
@@ -118,7 +216,7 @@ async def _stream_into(
         digest = (
             new_digest(expected.algorithm, job.remote.size, expected.parts) if expected else None
         )
-        fd, offset = await opening, 0
+        fd, offset = await opening(), 0
         async for chunk in response.chunks():
             if stop.is_set():
                 return None
@@ -129,11 +227,3 @@ async def _stream_into(
     if digest is not None:
         job.streamed_digest = digest.finish()
     return offset
-
-
-async def _settled(opening: asyncio.Future[int]) -> None:
-    """Wait for ``opening`` to end; its failure, if the fetch never asked for its result, is
-    the worker path's to meet again (it opens the same ``.part``)."""
-    await asyncio.wait([opening])
-    if not opening.cancelled():
-        opening.exception()  # looked at: not logged as never retrieved

@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 
 from initializers.filejob import FileJob
 from initializers.progress import Progress
@@ -75,19 +74,17 @@ def test_four_hundred_files_cost_a_task_per_request_slot_not_a_task_per_file(tmp
     def failed(job: FileJob, exc: Exception) -> None:
         raise exc
 
-    with ThreadPoolExecutor(2) as opener:
-        asyncio.run(
-            fetch_whole_files(
-                source,  # type: ignore[arg-type]
-                jobs,
-                in_flight=IN_FLIGHT,
-                stop=threading.Event(),
-                progress=Progress(FILES, 0, 0),
-                fetched=done,
-                failed=failed,  # type: ignore[arg-type]
-                opener=opener,
-            )
+    asyncio.run(
+        fetch_whole_files(
+            source,  # type: ignore[arg-type]
+            jobs,
+            in_flight=IN_FLIGHT,
+            stop=threading.Event(),
+            progress=Progress(FILES, 0, 0),
+            fetched=done,
+            failed=failed,  # type: ignore[arg-type]
         )
+    )
     assert source.asked == [job.remote.path for job in jobs]  # taken in order...
     assert sorted(fetched) == source.asked  # ...and each fetched once
     assert all((tmp_path / f".{p}.part").read_bytes() == p.encode() for p in fetched)

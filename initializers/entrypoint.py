@@ -1,4 +1,5 @@
-"""The initializers' console entry: tune the native client's allocator, then load and run the CLI.
+"""The initializers' console entry: tune the native client's allocator, load the CLI, tune the
+cycle collector, run.
 
 The order is the point: the CLI's imports load the native client, whose allocator reads its
 options as it loads (:func:`initializers.environment.prepare_native_allocator`), so they are
@@ -10,7 +11,7 @@ from __future__ import annotations
 from typing import NoReturn
 
 from initializers.config import AssetDefaults
-from initializers.environment import prepare_native_allocator
+from initializers.environment import prepare_native_allocator, tune_garbage_collector
 
 
 def run_initializer(defaults: AssetDefaults, argv: list[str] | None = None) -> NoReturn:
@@ -18,4 +19,5 @@ def run_initializer(defaults: AssetDefaults, argv: list[str] | None = None) -> N
     prepare_native_allocator()
     from initializers.cli import main_for
 
+    tune_garbage_collector()  # after the imports: what they made is frozen
     main_for(defaults, argv)

@@ -107,6 +107,7 @@ def measure_count(count: int, rounds: int, work: Path, latency_ms: int = 0) -> l
     # Each run into a fresh folder where ext4 spreads them: a folder emptied and reused met the
     # inodes the run before it had just freed, on every create (benchmarks/destinations.py).
     print(f"  destinations: {destinations.spread(work / 'runs')}", flush=True)
+    kept = destinations.Kept()  # removed when the rounds end, not between them
     with endpoint(count, work / "endpoint", latency_ms / 1000) as url:
         log = work / "endpoint" / "access.log"
         env = _env(url)
@@ -120,7 +121,8 @@ def measure_count(count: int, rounds: int, work: Path, latency_ms: int = 0) -> l
             got = _run("warm", _contenders(url, dests["ours"])["ours"], env, work, log)
             runs.append(Run(count, "ours-warm", r, *got, latency_ms))
             for dest in dests.values():
-                shutil.rmtree(dest, ignore_errors=True)
+                kept.add(dest, count)
+    kept.clear()
     return runs
 
 

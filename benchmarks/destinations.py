@@ -39,19 +39,20 @@ def spread(folder: Path) -> str:
 
 
 class Kept:
-    """Destinations kept until a scenario's rounds end, then removed all at once, synced, and
-    left a minute, so no run meets what the runs before it freed.
+    """Destinations kept until the benchmark ends, so no run meets what the runs before it
+    freed; past ``budget`` files, removed all at once, synced, and left a minute.
 
     Why: with 200,000 files removed between rounds of the many-files benchmark (at 38ee3eb), 5
     of 10 runs at 100,000 objects took 1.5-2.4 times as long as the others, with 1.5-2.4 times
     the CPU, whichever tool ran; the next round's runs met the freed inodes (ext4 without a
     journal skips those freed in the last 60 s, 360 s while their table is unsynced) and the
-    removal's writeback. Past ``budget`` files kept, they are removed at once (with the
-    same pause), as a million-file tree kept per run would fill the disk."""
+    removal's writeback. Removed between scenarios instead (1,000,000 files, synced, a minute
+    left), the next scenario's first three rounds of five were as noisy. A million-file tree
+    kept per run would fill the disk: past ``budget``, they go (and the pause is paid)."""
 
     PAUSE_S = 61.0
 
-    def __init__(self, budget: int = 1_500_000) -> None:
+    def __init__(self, budget: int = 2_500_000) -> None:  # ~14 GiB of 1-8 KiB files
         self.budget = budget
         self._paths: list[Path] = []
         self._files = 0
@@ -62,11 +63,14 @@ class Kept:
         if self._files > self.budget:
             self.clear()
 
-    def clear(self) -> None:
+    def clear(self, settle: bool = True) -> None:
+        """Remove what is kept; ``settle``: sync, then wait out the minute (not enough where a
+        new file's inode shares a table block with freed ones still unsynced: 6 minutes)."""
         if not self._paths:
             return
         for path in self._paths:
             shutil.rmtree(path, ignore_errors=True)
         self._paths, self._files = [], 0
-        os.sync()
-        time.sleep(self.PAUSE_S)
+        if settle:
+            os.sync()
+            time.sleep(self.PAUSE_S)

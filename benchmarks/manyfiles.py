@@ -102,12 +102,14 @@ def _env(url: str) -> dict[str, str]:
     }
 
 
-def measure_count(count: int, rounds: int, work: Path, latency_ms: int = 0) -> list[Run]:
+def measure_count(
+    count: int, rounds: int, work: Path, kept: destinations.Kept, latency_ms: int = 0
+) -> list[Run]:
+    """Paired rounds at ``count`` objects; each run's tree is left to ``kept``."""
     runs: list[Run] = []
     # Each run into a fresh folder where ext4 spreads them: a folder emptied and reused met the
     # inodes the run before it had just freed, on every create (benchmarks/destinations.py).
     print(f"  destinations: {destinations.spread(work / 'runs')}", flush=True)
-    kept = destinations.Kept()  # removed when the rounds end, not between them
     with endpoint(count, work / "endpoint", latency_ms / 1000) as url:
         log = work / "endpoint" / "access.log"
         env = _env(url)
@@ -122,7 +124,6 @@ def measure_count(count: int, rounds: int, work: Path, latency_ms: int = 0) -> l
             runs.append(Run(count, "ours-warm", r, *got, latency_ms))
             for dest in dests.values():
                 kept.add(dest, count)
-    kept.clear()
     return runs
 
 
@@ -403,17 +404,20 @@ def main(argv: list[str] | None = None) -> int:
     out = REPO / ".bench" / "results" / f"manyfiles-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True)
     runs: list[Run] = []
+    # Every tree the paired rounds write is kept to the end (up to a budget): removed between
+    # scenarios, a million files had the next scenario's first rounds meet them for minutes.
+    kept = destinations.Kept()
     for count in args.counts:
         work = out / f"n{count}"
         work.mkdir()
         print(f"{count:,} objects ({total_bytes(count) / (1 << 20):.0f} MiB)...", flush=True)
-        runs += measure_count(count, args.rounds, work)
+        runs += measure_count(count, args.rounds, work, kept)
         print(report([r for r in runs if r.count == count]), flush=True)
     for count in args.latency_counts:
         work = out / f"n{count}-latency"
         work.mkdir()
         print(f"{count:,} objects, every response 20 ms late...", flush=True)
-        runs += measure_count(count, args.rounds, work, latency_ms=20)
+        runs += measure_count(count, args.rounds, work, kept, latency_ms=20)
     resume = max(args.counts) if args.resume_count is None else args.resume_count
     if resume:
         work = out / f"n{resume}-resume"
@@ -431,6 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         work.mkdir()
         print(f"{count:,} one-byte files in a Hub dataset repository, ours...", flush=True)
         runs += measure_hub(count, args.hub_rounds, work)
+    kept.clear(settle=False)  # nothing is measured after this
     (out / "results.json").write_text(json.dumps([asdict(r) for r in runs], indent=1))
     reporting = Path("/sys/module/page_reporting/parameters/page_reporting_order")
     head = (

@@ -8,12 +8,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import AsyncIterator
 
+from initializers.errors import LocalStorageError
 from initializers.filejob import FileJob
 from initializers.progress import Progress
 from initializers.sources.base import RemoteFile
-from initializers.wholefiles import fetch_whole_files
+from initializers.wholefiles import AHEAD, fetch_whole_files
 
 FILES = 400
 IN_FLIGHT = 4
@@ -90,6 +92,59 @@ def test_four_hundred_files_cost_a_task_per_request_slot_not_a_task_per_file(tmp
     assert all((tmp_path / f".{p}.part").read_bytes() == p.encode() for p in fetched)
     assert source.most_open == IN_FLIGHT
     assert source.most_tasks <= IN_FLIGHT + 1  # the requesters, and the run's own task
+
+
+def _fetch(source, jobs, stop, fetched, failed) -> None:
+    asyncio.run(
+        fetch_whole_files(
+            source,
+            jobs,
+            in_flight=IN_FLIGHT,
+            stop=stop,
+            progress=Progress(len(jobs), 0, 0),
+            fetched=fetched,
+            failed=failed,
+        )
+    )
+
+
+def test_a_part_that_cannot_be_made_ahead_hands_its_file_to_the_workers_with_the_error(tmp_path):
+    source, jobs = MemorySource(), _jobs(tmp_path)
+    (tmp_path / ".f123.part").mkdir()  # in the way: no file can be made there
+    fetched: list[str] = []
+    failures: dict[str, Exception] = {}
+
+    def done(job: FileJob) -> None:
+        fetched.append(job.remote.path)
+        job.close()
+
+    def failed(job: FileJob, exc: Exception) -> None:
+        failures[job.remote.path] = exc
+
+    _fetch(source, jobs, threading.Event(), done, failed)
+
+    assert list(failures) == ["f123"]
+    assert isinstance(failures["f123"], LocalStorageError)
+    assert "f123" in str(failures["f123"])
+    assert sorted(fetched) == [job.remote.path for job in jobs if job.remote.path != "f123"]
+
+
+def test_after_a_stop_no_part_is_made_once_the_fetch_has_returned(tmp_path):
+    source, jobs, stop = MemorySource(), _jobs(tmp_path), threading.Event()
+
+    def done(job: FileJob) -> None:
+        if job.remote.path == "f010":
+            stop.set()
+        job.close()
+
+    _fetch(source, jobs, stop, done, lambda job, exc: None)
+    made = sorted(p.name for p in tmp_path.glob(".*.part"))
+    for job in jobs:
+        job.close()
+    time.sleep(0.2)  # an opener still running would make more
+
+    assert sorted(p.name for p in tmp_path.glob(".*.part")) == made
+    assert len(made) < 10 + AHEAD + IN_FLIGHT  # made ahead of the requests, not all 400
 
 
 def test_a_window_of_tiny_files_keeps_four_times_as_many_in_flight_up_to_a_cap():

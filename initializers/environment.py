@@ -75,11 +75,11 @@ def tune_garbage_collector() -> None:
     """Python's cycle collector, for a run that makes and drops some hundred objects a file.
 
     What the imports made is frozen out of it (it stays for the whole run), and a young
-    collection waits for 10,000 new objects instead of 700: with the default, the 100,000
-    small objects of ``make bench-manyfiles`` cost 3,800 young collections in the two processes,
-    each going over the plan's window of jobs again: 1.7 s of CPU;
-    with this, 105 collections and 0.65 s (by ``gc.callbacks``). Nearly every object is freed
-    by its count going to zero; the few cycles (a failed request's traceback) wait longer."""
+    collection waits for 10,000 new objects instead of 700. With the default, the 100,000
+    small objects of ``make bench-manyfiles`` cost 3,800 young collections in the two
+    processes, each going over the plan's window of jobs again: 1.7 s of CPU; with this, 105
+    and 0.65 s (by ``gc.callbacks``). Nearly every object is freed by its count going to zero;
+    the few cycles (a failed request's traceback) wait longer."""
     gc.freeze()
     gc.set_threshold(10_000, 10, 10)
 

@@ -101,7 +101,7 @@ class OpenAhead:
         self, jobs: list[FileJob], stop: threading.Event, loop: asyncio.AbstractEventLoop
     ) -> None:
         self._jobs, self._stop, self._loop = jobs, stop, loop
-        self._lock = threading.Condition(threading.Lock())
+        self._turn = threading.Condition(threading.Lock())  # the opener sleeps and wakes on it
         self._next = 0  # the next job to open (the opener thread's)
         self._limit = min(AHEAD, len(jobs))  # where it stops until requests catch up
         self._asleep = False
@@ -113,9 +113,9 @@ class OpenAhead:
         self._thread.start()
 
     def close(self) -> None:
-        with self._lock:
+        with self._turn:
             self._closed = True
-            self._lock.notify()
+            self._turn.notify()
         self._thread.join()
 
     def taken(self, index: int) -> None:
@@ -125,10 +125,10 @@ class OpenAhead:
         back."""
         limit = min(index + 1 + AHEAD, len(self._jobs))
         if limit - self._next >= AHEAD // 2 or limit == len(self._jobs):
-            with self._lock:
+            with self._turn:
                 self._limit = max(self._limit, limit)
                 if self._asleep:
-                    self._lock.notify()
+                    self._turn.notify()
         elif limit > self._limit:
             self._limit = limit  # seen at the opener's next look; it is not far behind
 
@@ -136,7 +136,7 @@ class OpenAhead:
         """Wait until the opener is past job ``index``: its ``.part`` made, or refused."""
         if self._jobs[index].fd is not None:
             return
-        with self._lock:
+        with self._turn:
             waited = None if index < self._next else self._loop.create_future()
             if waited is not None:
                 self._waiting[index] = waited
@@ -153,10 +153,10 @@ class OpenAhead:
     def _run(self) -> None:
         jobs = self._jobs
         while True:
-            with self._lock:
+            with self._turn:
                 while self._next >= self._limit and not self._closed:
                     self._asleep = True
-                    self._lock.wait()
+                    self._turn.wait()
                 self._asleep = False
                 if self._closed:
                     return
@@ -164,7 +164,7 @@ class OpenAhead:
             if not self._stop.is_set():
                 with contextlib.suppress(Exception):  # met again by the loop (opened)
                     jobs[index].open()
-            with self._lock:
+            with self._turn:
                 self._next = index + 1
                 waited = self._waiting.pop(index, None)
             if waited is not None:

@@ -30,8 +30,6 @@ from initializers.progress import Progress
 from initializers.sources.base import Source
 
 BACKLOG = 96  # files fetched but not yet committed, beyond the requests in flight
-
-
 AHEAD = 64  # .parts made ahead of the requests, at most; the opener wakes once per half
 
 
@@ -104,7 +102,6 @@ class OpenAhead:
         self._turn = threading.Condition(threading.Lock())  # the opener sleeps and wakes on it
         self._next = 0  # the next job to open (the opener thread's)
         self._limit = min(AHEAD, len(jobs))  # where it stops until requests catch up
-        self._asleep = False
         self._closed = False
         self._waiting: dict[int, asyncio.Future[None]] = {}
         self._thread = threading.Thread(target=self._run, name="open-ahead", daemon=True)
@@ -127,8 +124,7 @@ class OpenAhead:
         if limit - self._next >= AHEAD // 2 or limit == len(self._jobs):
             with self._turn:
                 self._limit = max(self._limit, limit)
-                if self._asleep:
-                    self._turn.notify()
+                self._turn.notify()
         elif limit > self._limit:
             self._limit = limit  # seen at the opener's next look; it is not far behind
 
@@ -145,19 +141,17 @@ class OpenAhead:
 
     async def opened(self, index: int) -> int:
         """Job ``index``'s ``.part`` descriptor, once made; after a failure there, the loop
-        tries once more, and raises what it meets."""
+        tries once more (``FileJob.open`` makes it only if it is not made), and raises what it
+        meets."""
         await self.passed(index)
-        job = self._jobs[index]
-        return job.fd if job.fd is not None else job.open()
+        return self._jobs[index].open()
 
     def _run(self) -> None:
         jobs = self._jobs
         while True:
             with self._turn:
                 while self._next >= self._limit and not self._closed:
-                    self._asleep = True
                     self._turn.wait()
-                self._asleep = False
                 if self._closed:
                     return
                 index = self._next

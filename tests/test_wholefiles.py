@@ -76,17 +76,7 @@ def test_four_hundred_files_cost_a_task_per_request_slot_not_a_task_per_file(tmp
     def failed(job: FileJob, exc: Exception) -> None:
         raise exc
 
-    asyncio.run(
-        fetch_whole_files(
-            source,  # type: ignore[arg-type]
-            jobs,
-            in_flight=IN_FLIGHT,
-            stop=threading.Event(),
-            progress=Progress(FILES, 0, 0),
-            fetched=done,
-            failed=failed,  # type: ignore[arg-type]
-        )
-    )
+    _fetch(source, jobs, threading.Event(), done, failed)
     assert source.asked == [job.remote.path for job in jobs]  # taken in order...
     assert sorted(fetched) == source.asked  # ...and each fetched once
     assert all((tmp_path / f".{p}.part").read_bytes() == p.encode() for p in fetched)

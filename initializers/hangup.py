@@ -20,34 +20,45 @@ from collections.abc import Callable, Iterator
 _TCP = (socket.AF_INET, socket.AF_INET6)
 
 
-def _tcp_sockets() -> Iterator[socket.socket]:
-    """This process's TCP sockets, borrowed: each is detached again once the caller is done."""
+def _tcp_connections() -> Iterator[tuple[int, bool, socket.socket]]:
+    """This process's TCP sockets: each one's local port, whether it listens, and a duplicate of
+    it for the caller to shut down and close.
+
+    Another thread may close any of them meanwhile (and its number may be reused at once): a
+    socket gone mid-look is passed over, and every question is asked of the duplicate.
+    """
     try:
         names = os.listdir("/proc/self/fd")
     except OSError:
         return
     for name in names:
-        with contextlib.suppress(OSError, ValueError):
+        try:
             if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
                 continue
-            sock = socket.socket(fileno=int(name))
-            try:
-                if sock.family in _TCP and sock.type == socket.SOCK_STREAM:
-                    yield sock
-            finally:
-                sock.detach()
+            sock = socket.socket(fileno=os.dup(int(name)))
+        except (OSError, ValueError):
+            continue
+        try:
+            if sock.family in _TCP and sock.type == socket.SOCK_STREAM:
+                port = sock.getsockname()[1]
+                listens = bool(sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN))
+                yield port, listens, sock
+                continue
+        except OSError:
+            pass
+        sock.close()
 
 
 def cut_client_connections() -> None:
     """Shut down every connection of this process that a listener of its own did not accept."""
     listening: set[int] = set()
     connected: list[tuple[int, socket.socket]] = []
-    for sock in _tcp_sockets():
-        port = sock.getsockname()[1]
-        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+    for port, listens, sock in _tcp_connections():
+        if listens:
             listening.add(port)
+            sock.close()
         else:
-            connected.append((port, socket.socket(fileno=os.dup(sock.fileno()))))
+            connected.append((port, sock))
     for port, sock in connected:
         with contextlib.suppress(OSError), sock:
             if port not in listening:

@@ -22,6 +22,7 @@ import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
+from initializers import interrupts, native, transport
 from tests.servers.azurite import Azurite
 from tests.servers.azurite import executable as azurite_executable
 from tests.servers.files import FileServer, file_server
@@ -33,6 +34,30 @@ from tests.servers.registry import missing_tools as registry_missing_tools
 ACCESS_KEY = "AKIATESTKEY0000000"
 SECRET_KEY = "test-secret-key-do-not-leak-7d1f"
 _bucket_ids = itertools.count()
+
+
+# What a stop latches in this process: once set, every later connection is cut as it opens.
+_STOP_LATCHES = ((interrupts, "_stopped"), (transport, "_interrupted"), (native, "_stopped"))
+
+
+@pytest.fixture
+def stop_undone_afterwards(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For a test that stops reads inside the test process: the latches start clear and are
+    restored afterwards, so the next test in this worker still reaches its servers."""
+    for module, name in _STOP_LATCHES:
+        monkeypatch.setattr(module, name, False)
+
+
+@pytest.fixture(autouse=True)
+def _no_stop_outlives_its_test() -> Iterator[None]:
+    """A stop left latched would cut the connections of every later test in this worker, which
+    then fails far from the cause (a CI run's fork spec did): fail the test that left it."""
+    yield
+    left = [f"{module.__name__}.{name}" for module, name in _STOP_LATCHES if getattr(module, name)]
+    for module, name in _STOP_LATCHES:
+        setattr(module, name, False)
+    if left:
+        pytest.fail(f"a stop outlived its test ({', '.join(left)}): use stop_undone_afterwards")
 
 
 @pytest.fixture(scope="session")

@@ -60,3 +60,32 @@ def test_cutting_goes_on_while_reads_are_busy_and_ends_after():
             busy.clear()
             time.sleep(0.2)
             assert not any(t.name == "hangup" for t in threading.enumerate())
+
+
+def test_a_socket_closed_by_another_thread_while_the_cut_looks_at_it_is_passed_over():
+    # A CI run's stop printed a traceback: a socket closed between the look at /proc/self/fd
+    # and the question asked of it. Another thread here opens and closes sockets all along.
+    churning = threading.Event()
+    churning.set()
+    pairs = 0
+
+    def churn() -> None:
+        nonlocal pairs
+        while churning.is_set():
+            try:  # the cut may shut a socket down before it listens or connects: that is its job
+                listener, client, accepted = connected_pair()
+            except OSError:
+                continue
+            for sock in (client, accepted, listener):
+                sock.close()
+            pairs += 1
+
+    churner = threading.Thread(target=churn)
+    churner.start()
+    try:
+        for _ in range(2000):
+            hangup.cut_client_connections()
+    finally:
+        churning.clear()
+        churner.join(5)
+    assert pairs > 100  # the sockets did come and go while the cuts looked

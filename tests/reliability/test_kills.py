@@ -284,14 +284,13 @@ def test_sigterm_during_a_stalled_read_exits_143_at_once_not_after_the_read_time
 
 
 def test_a_connection_opened_just_after_a_stop_is_cut_too_instead_of_waiting_out_its_read(
-    bucket, s3_endpoint, proxies, monkeypatch
+    bucket, s3_endpoint, proxies, stop_undone_afterwards
 ):
     # A worker that checked the stop flag a moment before SIGTERM connects after the handler
     # cut the open connections; a CI run hung 30 s on exactly that with every request held.
     bucket.put("o/body.bin", b"x" * 4096, ACL="public-read")
     proxy = proxies(s3_endpoint, share=0.0)
     proxy.force(Fault.stall(600), match=is_object_get)
-    monkeypatch.setattr(transport, "_interrupted", False)  # the latch is process-wide
     transport.interrupt_reads()  # what the SIGTERM handler does
     http = transport.HttpTransport(connections=1, timeout=120)  # a read would wait 120 s
     started = time.monotonic()

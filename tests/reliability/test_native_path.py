@@ -100,11 +100,10 @@ def test_a_small_file_that_stalls_exits_7_after_the_retries_instead_of_hanging(
 
 
 def test_a_native_request_in_flight_is_cancelled_by_the_stop_and_a_later_one_refused(
-    hub, monkeypatch
+    hub, stop_undone_afterwards
 ):
     sha = hub.add_repo("org/m", {"model.safetensors": os.urandom(512 << 10)})
     hub.fault = fail_times(10**6, Fault.delay(600), server="cdn", method="GET")
-    monkeypatch.setattr(native, "_stopped", False)  # the latch is process-wide
     path = f"org/m/resolve/{sha}/model.safetensors"
     client = native.NativeHttp(hub.endpoint, headers={}, timeout=120)  # a read would wait 120 s
     failures: list[BaseException] = []

@@ -1,28 +1,25 @@
-"""hf:// — Hugging Face Hub repos (models, datasets), listed with huggingface_hub.
+"""hf:// — Hugging Face Hub repos (models, datasets), listed as huggingface_hub lists them.
 
-huggingface_hub parses the URI (``hf://[datasets/]org/repo[@rev][/path]``); its shared client
-resolves the revision to a commit and lists the tree (:mod:`initializers.sources.hubapi`: the
-calls ``HfApi`` makes, without importing it), and its status check raises typed errors for
-private, gated and missing repos. Bytes come from the ``resolve`` URL pinned to that commit,
-over the native byte path (:mod:`initializers.native`: small files requested ahead of the
-workers, ranges read by them), or over the urllib3 transport (:mod:`initializers.transport`)
-where rustls refuses a certificate the CA bundle vouches for. Either way redirects to the CDN
-(or, for Xet-backed files on the real Hub, to its HTTP bridge) are followed and the token is
-never sent to another host.
+huggingface_hub parses the URI (``hf://[datasets/]org/repo[@rev][/path]``); the revision is
+resolved to a commit and the tree listed by the calls ``HfApi`` makes, over this source's own
+connection pool (:mod:`initializers.sources.hubapi`), and the library's status check raises
+typed errors for private, gated and missing repos. Bytes come from the ``resolve`` URL pinned
+to that commit, over the native byte path (:mod:`initializers.native`: small files requested
+ahead of the workers, ranges read by them), or over the urllib3 transport
+(:mod:`initializers.transport`) where rustls refuses a certificate the CA bundle vouches for.
+Either way redirects to the CDN (or, for Xet-backed files on the real Hub, to its HTTP bridge)
+are followed and the token is never sent to another host.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import ssl
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Self
 from urllib.parse import quote, urlsplit
 
-import httpx2
 from huggingface_hub import constants as hub_constants
-from huggingface_hub import get_session, set_client_factory
 from huggingface_hub.errors import (
     DisabledRepoError,
     EntryNotFoundError,
@@ -38,10 +35,7 @@ from initializers import __version__
 from initializers.errors import (
     AuthError,
     NotFoundError,
-    TransientError,
     UsageError,
-    tls_refused,
-    unloadable_ca_bundle,
 )
 from initializers.fsutil import UnsafePathError, safe_relpath
 from initializers.httpstatus import check_status, is_transient, transient
@@ -51,7 +45,7 @@ from initializers.sources.base import Checksum, Listing, Order, RemoteFile, Skip
 from initializers.sources.hubapi import HubApi, HubFile
 from initializers.sources.paging import PAGE_END, PageEnd, paged_listing, resumable
 from initializers.streams import RangeReader
-from initializers.transport import CONNECT_TIMEOUT, HttpTransport
+from initializers.transport import HttpTransport
 
 log = logging.getLogger(__name__)
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -67,58 +61,6 @@ def _disable_telemetry() -> None:
     The initializers send no telemetry, as the images already said with HF_HUB_DISABLE_TELEMETRY.
     """
     hub_constants.HF_HUB_DISABLE_TELEMETRY = True
-
-
-def _enforce_timeout(timeout: float) -> None:
-    """Give every request of huggingface_hub's shared client our timeouts.
-
-    Its API calls pass ``timeout=None`` (wait forever), so a Hub that accepts the connection and
-    then stalls would hang the pod; a request hook fills in TIMEOUT wherever none was set.
-    """
-    limits = {"connect": min(CONNECT_TIMEOUT, timeout), "read": timeout, "write": timeout}
-    limits["pool"] = timeout
-
-    def apply(request: httpx2.Request) -> None:
-        given = request.extensions.get("timeout") or {}
-        request.extensions["timeout"] = {k: given.get(k) or v for k, v in limits.items()}
-
-    session = get_session()
-    hooks = session.event_hooks
-    kept = [h for h in hooks["request"] if getattr(h, "__name__", "") != "apply"]
-    hooks["request"] = [*kept, apply]  # once, however many sources a process opens
-    session.event_hooks = hooks
-
-
-def _trust_ca_bundle(ca_bundle: str, roots: list[bytes]) -> None:
-    """Make huggingface_hub's shared client trust ``ca_bundle``'s certificates ``roots``
-    (``--ca-bundle``, read once by :func:`read_roots`), as the file GETs do: a Hub mirror behind
-    a private CA must be listed (revision, tree) as well as fetched. The client keeps everything
-    else of the one it replaces (hooks, redirects)."""
-    try:
-        context = ssl.create_default_context(cadata=b"".join(roots).decode("ascii"))
-    except (ssl.SSLError, UnicodeDecodeError):
-        raise UsageError(unloadable_ca_bundle(ca_bundle)) from None
-    current = get_session()
-    hooks, redirects, timeout = current.event_hooks, current.follow_redirects, current.timeout
-
-    def client() -> httpx2.Client:
-        return httpx2.Client(
-            event_hooks=hooks, follow_redirects=redirects, timeout=timeout, verify=context
-        )
-
-    set_client_factory(client)
-
-
-def _tls_failed(exc: BaseException) -> bool:
-    """True when a failed connection failed in TLS (a refused certificate, a plain-HTTP server
-    at an https:// URL), as the urllib3 path judges it; httpx wraps httpcore's error, which
-    wraps ssl's."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, ssl.SSLError):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
 
 
 class HfSource(Source):
@@ -151,10 +93,16 @@ class HfSource(Source):
             raise UsageError(f"HF_ENDPOINT {self.endpoint!r} is not an http(s):// URL")
         _disable_telemetry()
         roots = read_roots(settings.ca_bundle)
-        if settings.ca_bundle:
-            _trust_ca_bundle(settings.ca_bundle, roots)
-        self._api = HubApi(self.endpoint, self.repo_type, self.repo_id, settings.token, __version__)
-        _enforce_timeout(settings.timeout)
+        self._transport = HttpTransport.for_settings(settings)
+        self._api = HubApi(
+            self.endpoint,
+            self.repo_type,
+            self.repo_id,
+            settings.token,
+            __version__,
+            self._transport,
+            self.describe(),
+        )
         headers = {"User-Agent": f"kf-initializers/{__version__}"}
         if settings.token:
             headers["Authorization"] = f"Bearer {settings.token}"
@@ -162,7 +110,6 @@ class HfSource(Source):
         self._native = NativeHttp(
             self.endpoint, headers=headers, timeout=settings.timeout, roots=roots
         )
-        self._transport = HttpTransport.for_settings(settings)
         self._commit: str | None = None
         self._gated = False
 
@@ -332,9 +279,3 @@ class HfSource(Source):
                     f"{where}: the Hub answered HTTP {status}", exc.response.headers
                 ) from None
             raise UsageError(f"{where}: the Hub refused the request (HTTP {status})") from None
-        except httpx2.TransportError as exc:
-            if isinstance(exc, httpx2.ConnectError) and _tls_failed(exc):
-                raise UsageError(tls_refused(where)) from None
-            raise TransientError(
-                f"{where}: cannot reach {self.endpoint} ({type(exc).__name__})"
-            ) from None

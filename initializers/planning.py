@@ -136,10 +136,11 @@ class Plan:
 
     # -- planning, page by page ----------------------------------------------------------------
 
-    def advance(self, done: bool) -> None:
+    def advance(self, done: bool, limit: int | None = None) -> None:
         """Plan the files listed since the last call that can be decided now; ``done``: the
-        listing is complete, and the plan then ends with the stale files' removal."""
-        for rows in self.chooser.take(done):
+        listing is complete, and the plan then ends with the stale files' removal; ``limit``:
+        look at no more than that many listed files now."""
+        for rows in self.chooser.take(done, limit):
             self._decide(rows)
         self.todo.flush()  # committed: the worker processes read the jobs
         if done:
@@ -293,6 +294,7 @@ class Plan:
     def _list_rest(self) -> None:
         assert self.listing.rest is not None
         try:
+            self.advance(done=False)  # what is listed already, past the first bite
             for _ in self.listing.rest:
                 if self.stop.is_set():
                     return

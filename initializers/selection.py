@@ -89,9 +89,11 @@ class Chooser:
         """A complete listing's chosen files: a view of its table."""
         return self.listed.only(seq for rows in self.take(done=True) for seq in rows)
 
-    def take(self, done: bool) -> Iterator[list[int]]:
+    def take(self, done: bool, limit: int | None = None) -> Iterator[list[int]]:
         """The rows listed since the last call that are decided now and chosen, in batches;
-        ``done``: the listing is complete, so every row is decided."""
+        ``done``: the listing is complete, so every row is decided; ``limit``: look at no more
+        than that many rows now (the rest at the next call)."""
+        assert not (done and limit), "a complete listing is decided whole"
         self._report_skipped()
         self.listed.flush()
         if self.order is Order.UNKNOWN:
@@ -99,7 +101,8 @@ class Chooser:
                 yield from self._take_all()
             return
         rows = self.listed.db.execute(
-            f"SELECT seq, path FROM {self.listed.name} WHERE seq > ? ORDER BY seq", (self._seen,)
+            f"SELECT seq, path FROM {self.listed.name} WHERE seq > ? ORDER BY seq LIMIT ?",
+            (self._seen, -1 if limit is None else limit),  # SQLite: a negative LIMIT is none
         )
         while batch := rows.fetchmany(BATCH):
             self._seen = batch[-1][0]

@@ -64,3 +64,18 @@ def test_a_listing_found_unsorted_after_files_were_chosen_stops_with_one_line():
     _page(table, "a2")
     with pytest.raises(InitializerError, match="out of key order"):
         _chosen(chooser, table)
+
+
+@pytest.mark.parametrize("order", [Order.KEYS, Order.TREE])
+def test_a_limited_take_looks_at_that_many_rows_and_the_next_take_goes_on_from_there(order):
+    # The engine plans a first bite of a long first page before the processes fork; the
+    # listing's thread then takes the rest of the page, and no row is taken twice or missed.
+    listing, table = _listing(order)
+    chooser = Chooser(listing)
+    paths = [f"d/{i:04d}.bin" for i in range(1000)]
+    _page(table, *paths)
+    first = [seq for batch in chooser.take(False, limit=256) for seq in batch]
+    assert 250 <= len(first) <= 256  # a sorted listing holds back the last keys it passed
+    rest = _chosen(chooser, table) + _chosen(chooser, table, done=True)
+    named = dict(table.paths())
+    assert [named[seq] for seq in first] + rest == paths

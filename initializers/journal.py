@@ -10,16 +10,19 @@ Both are plain appends of short lines: a torn last line after a crash is simply 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from initializers.fsutil import boot_id
-from initializers.manifest import FileRecord
+from initializers.manifest import FileRecord, json_string
 
 Interval = tuple[int, int]
+READ_BYTES = 1 << 20  # a commit log is read about this many bytes of lines at a time
 
 
 def merge(intervals: list[Interval]) -> list[Interval]:
@@ -129,23 +132,23 @@ class CommitLog:
             return
         trusted = True
         with stream:
-            for line in stream:
-                try:
-                    entry = json.loads(line)
-                    if "boot_id" in entry:
-                        trusted = entry.get("durable") is not False or (
-                            bool(entry["boot_id"]) and entry["boot_id"] == current_boot
-                        )
+            while lines := stream.readlines(READ_BYTES):
+                for entry in _parsed(lines):
+                    try:
+                        if "boot_id" in entry:
+                            trusted = entry.get("durable") is not False or (
+                                bool(entry["boot_id"]) and entry["boot_id"] == current_boot
+                            )
+                            continue
+                        path = entry.pop("path")  # before FileRecord(**entry): no "path" there
+                        yield path, FileRecord(**entry), trusted
+                    except (TypeError, KeyError, AttributeError):
                         continue
-                    path = entry.pop("path")  # before FileRecord(**entry): it takes no "path"
-                    yield path, FileRecord(**entry), trusted
-                except (ValueError, TypeError, KeyError, AttributeError):
-                    continue
 
     def append_all(self, records: dict[str, FileRecord]) -> None:
         """Record ``records`` with one write (a line each)."""
         line = "".join(
-            json.dumps({"path": path, **record.to_dict()}) + "\n"
+            f'{{"path": {json_string(path)}, {record.to_json()[1:]}\n'
             for path, record in records.items()
         ).encode()
         with self._lock:
@@ -161,3 +164,20 @@ class CommitLog:
             os.close(self._fd)
             self._fd = None
         self.path.unlink(missing_ok=True)
+
+
+def _parsed(lines: list[bytes]) -> list[Any]:
+    """The JSON value of each of ``lines``: read as one array, one C call for them all (a line
+    at a time cost a million-file log ~2 s more), or, when that fails or the values do not
+    match the lines one to one, a line at a time, a torn or foreign line left out."""
+    try:
+        values = json.loads(b"[" + b",".join(lines) + b"]")
+    except ValueError:
+        values = None
+    if isinstance(values, list) and len(values) == len(lines):
+        return values
+    parsed = []
+    for line in lines:
+        with contextlib.suppress(ValueError):
+            parsed.append(json.loads(line))
+    return parsed

@@ -17,6 +17,9 @@ from typing import Any, BinaryIO
 
 from initializers.fsutil import atomic_write_bytes
 
+# A string's JSON text, as json.dumps writes it (ASCII, escaped): the C encoder's own function.
+json_string = json.encoder.encode_basestring_ascii
+
 MANIFEST_NAME = ".initializer-manifest.json"
 FORMAT_VERSION = 1
 LINES_PER_PIECE = 1024  # the manifest is written this many files' lines at a time
@@ -31,14 +34,17 @@ class FileRecord:
     version: str | None  # the source's version token (ETag, blob id) used to detect changes
     mtime_ns: int
 
-    def to_dict(self) -> dict[str, object]:
-        """The JSON form (dataclasses.asdict deep-copies; this runs once per file per write)."""
-        return {
-            "size": self.size,
-            "checksum": self.checksum,
-            "version": self.version,
-            "mtime_ns": self.mtime_ns,
-        }
+    def to_json(self) -> str:
+        """The record as a JSON object, the very text ``json.dumps`` gives its fields, in a
+        third of the time: the manifest and the commit log of a million files write one a file."""
+        return (
+            f'{{"size": {self.size}, "checksum": {_or_null(self.checksum)}, '
+            f'"version": {_or_null(self.version)}, "mtime_ns": {self.mtime_ns}}}'
+        )
+
+
+def _or_null(text: str | None) -> str:
+    return "null" if text is None else json_string(text)
 
 
 @dataclass
@@ -249,7 +255,6 @@ def manifest_pieces(
     if boot_id is not None:
         fields.update(boot_id=boot_id, durable=durable)
     head = json.dumps(fields)
-    encode = json.JSONEncoder().encode
     lines: list[str] = []
     opened = False
     for path, record in records:
@@ -258,7 +263,7 @@ def manifest_pieces(
             opened = True
         else:
             lines.append(",\n")
-        lines.append(f"{encode(path)}: {encode(record.to_dict())}")
+        lines.append(f"{json_string(path)}: {record.to_json()}")
         if len(lines) >= 2 * LINES_PER_PIECE:
             yield "".join(lines).encode()
             lines.clear()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
+import json
 import os
 import random
 import threading
@@ -14,7 +16,8 @@ import pytest
 from initializers.checksum import SpanDigest, digest_file, is_supported, new_digest
 from initializers.filetable import as_table
 from initializers.fsutil import UnsafePathError, safe_relpath
-from initializers.journal import RangeJournal, holes, merge
+from initializers.journal import CommitLog, RangeJournal, holes, merge
+from initializers.manifest import FileRecord
 from initializers.patterns import is_selected
 from initializers.selection import Chooser, Rules
 from initializers.sources.base import Listing, Order, RemoteFile
@@ -271,3 +274,35 @@ def test_a_span_never_reported_is_read_back_when_the_digest_finishes(sample):
 def test_unknown_algorithms_are_reported_unsupported():
     assert not is_supported("whirlpool")
     assert is_supported("md5") and is_supported("git-sha1")
+
+
+TRICKY_RECORDS = [
+    ("plain.bin", FileRecord(1, "sha256:ab12", '"e-tag"', 1765000000123456789)),
+    ('ünïcode/名前 "q".json', FileRecord(0, None, None, 0)),
+    ("tab\tback\\slash", FileRecord(2**40, "crc32:AAA=", "v\u2028x", -1)),
+]
+
+
+@pytest.mark.parametrize(("path", "record"), TRICKY_RECORDS)
+def test_a_records_json_text_is_exactly_what_json_dumps_writes(path, record):
+    assert record.to_json() == json.dumps(dataclasses.asdict(record))
+    assert json.loads(record.to_json()) == dataclasses.asdict(record)
+
+
+def test_a_commit_log_skips_torn_and_foreign_lines_and_keeps_every_other_record(tmp_path):
+    # A kill mid-write leaves a torn line, which the next run's first write then continues;
+    # reading many lines at once must give what reading them one at a time gives.
+    log = CommitLog(tmp_path)
+    log.append_all(dict(TRICKY_RECORDS[:2]))
+    with open(log.path, "ab") as stream:
+        stream.write(b'{"path": "torn.bin", "size": ')  # no newline: the kill came here
+    later = CommitLog(tmp_path)
+    later.append_all(dict(TRICKY_RECORDS[2:]))
+    with open(log.path, "ab") as stream:
+        stream.write(b"42\n[1\n2]\n\n")  # foreign lines; two of them join in one array
+    later.append_all({"last.bin": FileRecord(7, None, "v", 1)})
+    # The torn line ran into the next run's first line (which boot wrote what follows).
+    assert dict(CommitLog(tmp_path).records()) == {
+        **dict(TRICKY_RECORDS),
+        "last.bin": FileRecord(7, None, "v", 1),
+    }

@@ -79,7 +79,7 @@ class HubApi:
         url: str | None = f"{self._base}/tree/{quote(commit, safe='')}"
         if path:
             url += "/" + quote(path, safe="")
-        url += "?" + urlencode({"recursive": True, "expand": False})
+        url += "?" + urlencode({"recursive": "true", "expand": "false"})  # as httpx spells them
         while url is not None:
             page, headers = self._call("GET", url)
             url = httpx2.Response(200, headers=headers).links.get("next", {}).get("url")
@@ -87,7 +87,7 @@ class HubApi:
 
     def path_info(self, commit: str, path: str) -> HubFile | bool:
         """What ``path`` is at ``commit``: the file, True for a folder, False for nothing."""
-        form = urlencode({"paths": [path], "expand": False}, doseq=True).encode()
+        form = urlencode({"paths": [path], "expand": "false"}, doseq=True).encode()
         found, _ = self._call(
             "POST",
             f"{self._base}/paths-info/{quote(commit, safe='')}",

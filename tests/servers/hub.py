@@ -979,7 +979,9 @@ class _CdnHandler(_Handler):
 
 
 def _truthy(values: list[str] | None) -> bool:
-    return bool(values) and values[0].lower() in ("1", "true", "yes")  # type: ignore[index]
+    # Exactly what huggingface_hub's httpx client sends for True: a client that spells it
+    # "True" (Python's str) must not get a recursive tree here when the Hub may not give one.
+    return bool(values) and values[0] in ("1", "true")  # type: ignore[index]
 
 
 def _decode_cursor(values: list[str] | None) -> int:

@@ -340,6 +340,19 @@ def test_many_small_files_requested_ahead_keep_peak_memory_under_200_mib(hub, tm
     assert len(list((out / "data").iterdir())) == 500
 
 
+def test_the_hubs_api_answers_are_asked_for_gzipped_as_the_librarys_client_asks(
+    hub, run_initializer, tmp_path
+):
+    # A tree page of 1,000 files is some 200 KB of JSON: the Hub compresses it when asked.
+    files = {f"data/{i:04d}.txt": b"x" for i in range(30)}
+    hub.add_repo("org/d", files, repo_type="dataset")
+    result = run_initializer("dataset", env=hf_env(hub, "hf://datasets/org/d", tmp_path))
+    assert result.code == 0, result.output
+    assert {p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.txt")} == set(files)
+    api = [r for r in hub.requests if r.server == "hub" and "/api/" in r.path]
+    assert api and all("gzip" in r.headers.get("accept-encoding", "") for r in api), api
+
+
 def test_a_hub_fetch_loads_neither_hf_api_nor_the_librarys_shared_client(hub, tmp_path):
     """Loading ``huggingface_hub.hf_api`` cost ~130 ms of every run's start, building the
     library's shared client (httpcore, an httpx client, certifi's roots) ~45 ms more: the

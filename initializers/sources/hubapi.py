@@ -60,9 +60,12 @@ class HubApi:
         what: str,
     ) -> None:
         self._base = f"{endpoint}/api/{repo_type}s/{repo_id}"
-        self._headers = build_hf_headers(
-            token=token or False, library_name="kf-initializers", library_version=version
-        )
+        self._headers = {
+            **build_hf_headers(
+                token=token or False, library_name="kf-initializers", library_version=version
+            ),
+            "Accept-Encoding": "gzip",  # a tree page of 1,000 files is ~5x smaller, as httpx asked
+        }
         self._transport, self._what = transport, what
 
     def revision(self, revision: str) -> tuple[str, bool]:

@@ -45,6 +45,7 @@ import base64
 import contextlib
 import datetime as dt
 import fnmatch
+import gzip
 import hashlib
 import hmac
 import itertools
@@ -687,6 +688,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send_json(self, payload: object, **headers: str) -> None:
         body = json.dumps(payload).encode()
+        if "gzip" in self.headers.get("Accept-Encoding", ""):  # as the Hub's API answers
+            body, headers = gzip.compress(body, 1), {**headers, "Content-Encoding": "gzip"}
         self._send_bytes(200, {"Content-Type": "application/json; charset=utf-8", **headers}, body)
 
     def _send_error(self, error: _HttpError) -> None:

@@ -175,11 +175,10 @@ def test_small_files_keep_several_times_the_workers_requests_in_flight_on_the_hu
     ],
 )
 def test_a_native_failure_is_typed_by_its_status_and_names_the_file_not_the_url(
-    status, error, words, hub, monkeypatch
+    status, error, words, hub
 ):
     sha = hub.add_repo("org/m", {"model.safetensors": os.urandom(4096)})
     hub.fault = fail_times(1, Fault.error(status), server="cdn", method="GET")
-    monkeypatch.setattr(native, "_stopped", False)
     client = native.NativeHttp(hub.endpoint, headers={}, timeout=10)
     with pytest.raises(error) as failure:
         client.open_range(f"org/m/resolve/{sha}/model.safetensors", 0, 4096, "weights", True)
@@ -187,10 +186,7 @@ def test_a_native_failure_is_typed_by_its_status_and_names_the_file_not_the_url(
     assert "http://" not in str(failure.value)
 
 
-def test_a_native_request_to_a_closed_port_is_a_transient_cannot_connect_with_its_reason(
-    monkeypatch,
-):
-    monkeypatch.setattr(native, "_stopped", False)
+def test_a_native_request_to_a_closed_port_is_a_transient_cannot_connect_with_its_reason():
     client = native.NativeHttp("http://127.0.0.1:9", headers={}, timeout=5)  # discard: closed
     with pytest.raises(
         TransientError, match=r"^weights: cannot connect to the server \(Connection refused\)$"
@@ -210,11 +206,10 @@ def test_a_process_whose_native_client_runs_forks_no_workers(monkeypatch):
 
 
 def test_the_native_path_trusts_the_ca_bundle_it_is_given_and_steps_aside_when_refused_despite_it(
-    tmp_path, monkeypatch
+    tmp_path,
 ):
     # A Hub mirror behind a private CA serves its small files over this path: --ca-bundle must
     # reach it, as it reaches urllib3.
-    monkeypatch.setattr(native, "_stopped", False)
     ca, cert, key, www = (tmp_path / name for name in ("ca.pem", "cert.pem", "key.pem", "www"))
     ca_signed(ca, cert, key)
     www.mkdir()

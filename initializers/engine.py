@@ -34,7 +34,7 @@ from initializers.destination import FileLock, destination_lock, storage_error
 from initializers.errors import InitializerError, LocalStorageError
 from initializers.filetable import as_table
 from initializers.fsutil import boot_id
-from initializers.inflight import MIB
+from initializers.inflight import MIB, TINY_IN_FLIGHT
 from initializers.journal import CommitLog
 from initializers.manifest import manifest_path, write_manifest_records
 from initializers.planning import Destination, Outcome, Plan
@@ -47,9 +47,9 @@ from initializers.sources.base import Listing, Order, RemoteFile, Source
 log = logging.getLogger(__name__)
 
 # Of a listing still arriving, the files planned before the worker processes fork: as many as
-# two processes keep in flight at first (a page of 1,000 took ~14 ms to plan before the first
-# GET could go). The listing's thread plans the rest of the page as the first requests run.
-FIRST_BITE = 256
+# two processes keep in flight at most at first (a page of 1,000 took ~14 ms to plan before the
+# first GET could go). The listing's thread plans the rest of the page as the first requests run.
+FIRST_BITE = 2 * TINY_IN_FLIGHT
 
 
 @dataclass(frozen=True)

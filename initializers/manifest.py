@@ -12,8 +12,9 @@ import json
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 from initializers.fsutil import atomic_write_bytes
 
@@ -25,9 +26,9 @@ FORMAT_VERSION = 1
 LINES_PER_PIECE = 1024  # the manifest is written this many files' lines at a time
 
 
-@dataclass(frozen=True, slots=True)
-class FileRecord:
-    """What we know of one committed file."""
+class FileRecord(NamedTuple):
+    """What we know of one committed file. A named tuple, not a frozen dataclass: a manifest
+    of a million files makes a million of them, at ~0.3 µs each against ~1.1 µs."""
 
     size: int
     checksum: str | None  # "<algorithm>:<hex or base64>", e.g. "sha256:ab12...", or None
@@ -154,6 +155,13 @@ def _records_end(stream: BinaryIO) -> int:
 
 def _records_between(stream: BinaryIO, begin: int, end: int) -> Iterator[tuple[str, FileRecord]]:
     """The records of the whole lines in bytes ``[begin, end)``, in their order."""
+    for block in _line_blocks(stream, begin, end):
+        for name, f in _record_lines(block).items():
+            yield name, FileRecord(f["size"], f["checksum"], f["version"], f["mtime_ns"])
+
+
+def _line_blocks(stream: BinaryIO, begin: int, end: int) -> Iterator[bytes]:
+    """The whole lines in bytes ``[begin, end)``, a block of them at a time."""
     stream.seek(begin)
     carried = b""
     while begin < end:
@@ -164,8 +172,7 @@ def _records_between(stream: BinaryIO, begin: int, end: int) -> Iterator[tuple[s
         cut = len(data) if begin >= end else data.rfind(b"\n") + 1
         carried = data[cut:]
         if cut:
-            for name, f in _record_lines(data[:cut]).items():
-                yield name, FileRecord(f["size"], f["checksum"], f["version"], f["mtime_ns"])
+            yield data[:cut]
 
 
 def _records_of(body: object) -> Iterator[tuple[str, FileRecord]]:
@@ -228,13 +235,26 @@ def _path_of(line: bytes) -> str:
     return next(iter(_record_lines(line)))
 
 
-def slice_records(path: Path, piece: RecordSlice) -> Iterator[tuple[str, FileRecord]]:
-    """The records of ``piece`` of the manifest at ``path``, in order, a block at a time.
-    Raises ValueError on a record that does not parse, or a manifest cut short."""
+RecordRow = tuple[str, int, str | None, int]  # (path, size, version, mtime_ns) of a record
+
+
+def slice_rows(path: Path, piece: RecordSlice) -> Iterator[RecordRow]:
+    """The records of ``piece`` of the manifest at ``path``, in order, as bare rows (what the
+    warm rerun's check compares: ~1.1 µs a record, against ~1.5 with a FileRecord each), read
+    a block at a time. Raises ValueError on a record that does not parse, or a manifest cut
+    short."""
+    return chain.from_iterable(_slice_blocks(path, piece))
+
+
+def _slice_blocks(path: Path, piece: RecordSlice) -> Iterator[list[RecordRow]]:
     try:
         with open(path, "rb") as stream:
             end = piece.end if piece.end is not None else _records_end(stream)
-            yield from _records_between(stream, piece.begin, end)
+            for block in _line_blocks(stream, piece.begin, end):
+                yield [
+                    (name, f["size"], f["version"], f["mtime_ns"])
+                    for name, f in _record_lines(block).items()
+                ]
     except (OSError, TypeError, KeyError, AttributeError, UnicodeDecodeError) as exc:
         raise ValueError(str(exc)) from None
 

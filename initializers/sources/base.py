@@ -131,12 +131,12 @@ class Source(ABC):
     def list(self) -> Listing:
         """List the files under the URI; raise NotFoundError when there are none."""
 
-    def listed_after(self, after: str | None) -> Iterator[Listed] | None:
-        """The listing resumed past the path ``after`` (None: from its start), in key order,
-        each key as it is listed (its name relative to the URI, not yet checked as a path;
-        folder placeholders included); None where the source cannot resume a listing at a
-        key. The warm rerun's check lists key ranges with it in parallel
-        (:mod:`initializers.unchanged`)."""
+    def pages_after(self, after: str | None) -> Iterator[list[Listed]] | None:
+        """The listing resumed past the path ``after`` (None: from its start), in key order, a
+        page at a time, each key as it is listed (its name relative to the URI, not yet checked
+        as a path; folder placeholders included); None where the source cannot resume a listing
+        at a key. The warm rerun's check lists key ranges with it in parallel
+        (:mod:`initializers.unchanged`) and compares a page at once."""
         return None
 
     @abstractmethod

@@ -40,7 +40,7 @@ from initializers.httpstatus import status_error
 from initializers.native import NativeHttp, read_roots
 from initializers.options import SourceSettings
 from initializers.sources.base import Checksum, Listed, Listing, RemoteFile, Source
-from initializers.sources.paging import PAGE_END, PageEnd
+from initializers.sources.paging import PAGE_END, PageEnd, split_pages
 from initializers.sources.prefix import Entry, folder_of, list_prefix, split_location
 from initializers.streams import RangeReader
 from initializers.transport import HttpTransport
@@ -121,15 +121,18 @@ class GcsSource(Source):
             remote=_remote,
         )
 
-    def listed_after(self, after: str | None) -> Iterator[Listed]:
+    def pages_after(self, after: str | None) -> Iterator[list[Listed]]:
         """The listing from ``startOffset``, which names the first key listed: the key
         ``after`` itself is dropped."""
         folder = folder_of(self.location.prefix)
         start = folder + after if after is not None else ""
         return (
-            (entry.key[len(folder) :], entry.size, _version(entry))
-            for entry in self._list_objects(folder, start)
-            if entry is not PAGE_END and entry.key != start
+            [
+                (entry.key[len(folder) :], entry.size, _version(entry))
+                for entry in page
+                if entry.key != start
+            ]
+            for page in split_pages(self._list_objects(folder, start))
         )
 
     def _list_objects(self, folder: str, start: str = "") -> Iterator[Entry | PageEnd]:

@@ -93,6 +93,19 @@ def _pages(
         yield len(files)
 
 
+def split_pages(stream: Iterable[T | PageEnd]) -> Iterator[list[T]]:
+    """A stream with :data:`PAGE_END` between its pages, a page at a time (each read in full
+    before it is given, the next one only asked for when it is wanted)."""
+    page: list[T] = []
+    for entry in stream:
+        if isinstance(entry, PageEnd):
+            yield page
+            page = []
+        else:
+            page.append(entry)
+    yield page
+
+
 def resumable(
     make: Callable[[], Iterable[T]], call: Callable[[Callable[[], T | None]], T | None]
 ) -> Iterator[T]:

@@ -36,6 +36,7 @@ from initializers.sources.prefix import (
 )
 from initializers.sources.s3errors import host_header
 from initializers.sources.s3options import request_headers
+from initializers.sources.s3pages import KeyRow
 from initializers.sources.s3sign import S3HeaderSigner
 from initializers.streams import RangeReader
 from initializers.transport import HttpTransport
@@ -71,6 +72,7 @@ class ControlPlane(Protocol):
     def list_objects(
         self, folder: str, start_after: str = ""
     ) -> Iterator[dict[str, Any] | PageEnd]: ...
+    def list_keys(self, folder: str, start_after: str = "") -> Iterator[list[KeyRow]]: ...
     def head_object(self, key: str) -> dict[str, Any] | None: ...
     def head_part(self, key: str, number: int) -> dict[str, Any] | None: ...
     def close(self) -> None: ...
@@ -184,18 +186,13 @@ class S3Source(Source):
     def _head_once(self, key: str) -> dict[str, Any] | None:
         return self._plane.head_object(key)
 
-    def listed_after(self, after: str | None) -> Iterator[Listed] | None:
-        """ListObjectsV2 from past ``after`` (its ``start-after``); a pinned version of one
-        object is no listing."""
+    def pages_after(self, after: str | None) -> Iterator[list[Listed]] | None:
+        """ListObjectsV2 from past ``after`` (its ``start-after``), a page at a time; a pinned
+        version of one object is no listing."""
         if self.location.version_id is not None:
             return None
         folder = folder_of(self.location.prefix)
-        objects = self._plane.list_objects(folder, folder + after if after is not None else "")
-        return (
-            (o["Key"][len(folder) :], int(o.get("Size", 0)), _version(o))
-            for o in objects
-            if o is not PAGE_END
-        )
+        return self._plane.list_keys(folder, folder + after if after is not None else "")
 
     def _remote(self, path: str, key: str, obj: Mapping[str, Any]) -> RemoteFile:
         etag = _version(obj) or ""

@@ -27,9 +27,10 @@ from botocore.parsers import ResponseParserFactory
 from initializers.errors import AuthError, NotFoundError, TransientError, UsageError, tls_refused
 from initializers.options import SourceSettings
 from initializers.retry import RetryPolicy
-from initializers.sources.paging import PAGE_END, PageEnd
+from initializers.sources.paging import PAGE_END, PageEnd, split_pages
 from initializers.sources.s3errors import s3_error
 from initializers.sources.s3options import request_headers
+from initializers.sources.s3pages import KeyRow, rows_of
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,11 @@ class BotocorePlane:
             yield from page.get("Contents", [])
             if page.get("IsTruncated") and page.get("NextContinuationToken"):
                 yield PAGE_END
+
+    def list_keys(self, folder: str, start_after: str = "") -> Iterator[list[KeyRow]]:
+        """The same listing a page at a time, each object as a bare :data:`KeyRow` row."""
+        for page in split_pages(self.list_objects(folder, start_after)):
+            yield rows_of(page, folder)
 
     def head_object(self, key: str) -> dict[str, Any] | None:
         try:

@@ -243,6 +243,7 @@ QUIRK_ROWS = (
     ("full_get", "multipart CRC64NVME FULL_OBJECT, GET checksum headers"),
     ("full_head", "multipart CRC64NVME FULL_OBJECT, HEAD checksum headers"),
     ("ranged_get", "GET `Range: bytes=100-199` of a CRC32 object: status, checksum headers"),
+    ("listing_reader", "ListObjectsV2 page read by the warm rerun's check with"),
 )
 QUIRKS = {
     "moto": {
@@ -257,6 +258,7 @@ QUIRKS = {
         "full_get": "crc64nvme=value, type FULL_OBJECT",
         "full_head": "crc64nvme=value, type FULL_OBJECT",
         "ranged_get": "206, no value, type absent",
+        "listing_reader": "pattern",
     },
     "seaweedfs": {
         "listing_etag": "quoted",
@@ -270,6 +272,7 @@ QUIRKS = {
         "full_get": "crc64nvme=value, type FULL_OBJECT",
         "full_head": "crc64nvme=value, type FULL_OBJECT",
         "ranged_get": "206, no value, type absent",
+        "listing_reader": "pattern",
     },
     "rclone": {
         "listing_etag": "unquoted",
@@ -283,6 +286,7 @@ QUIRKS = {
         "full_get": "no value, type FULL_OBJECT (algorithm header CRC64NVME)",
         "full_head": "no value, type FULL_OBJECT (algorithm header CRC64NVME)",
         "ranged_get": "200, crc32=value, type absent",
+        "listing_reader": "pattern",
     },
 }
 

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from initializers.config import AssetDefaults, load_settings
+from initializers.sources import open_source, s3pages
 from tests.compat import matrix
 from tests.compat.servers import RcloneS3, S3Server, SeaweedFS, client
 from tests.conftest import Bucket, tree
@@ -387,7 +389,40 @@ def test_server_quirks(s3_server: S3Server, compat: Bucket, prefix: str):
         "full_head": checksum_headers(headers("head", full)),
         "ranged_get": ranged_get(s3, compat.name, single),
     }
-    assert found == matrix.QUIRKS[s3_server.name]
+    quirks = {k: v for k, v in matrix.QUIRKS[s3_server.name].items() if k != "listing_reader"}
+    assert found == quirks
+
+
+ODD_KEYS = ("a b.txt", "c+d.txt", "e%20f.txt", "g&h'i.txt", 'q"u<o>te.txt', "ü/ï 1.txt", "z.txt")
+
+
+def test_the_warm_checks_quick_listing_reads_what_the_plans_listing_reads(
+    s3_server: S3Server, compat: Bucket, prefix: str, tmp_path, monkeypatch
+):
+    """The warm rerun's check reads ListObjectsV2 pages with a regular expression where the
+    page is in the plain shape (:mod:`initializers.sources.s3pages`), with ElementTree where
+    not. Either way its rows are the plan's entries; the matrix records which reader the
+    server's pages get."""
+    files = {f"{i:02d}-{key}": b"x" * i for i, key in enumerate(ODD_KEYS)}
+    put(compat, prefix, files)
+    settings = load_settings(
+        AssetDefaults("dataset", tmp_path), [], compat.env(prefix, OUTPUT_PATH=str(tmp_path))
+    )
+    source = open_source(settings)
+    planned = sorted((f.path, f.size, f.version) for f in source.list().files)
+    fallbacks = []
+    read_by_tree = s3pages.tree_page
+    monkeypatch.setattr(
+        s3pages, "tree_page", lambda body: fallbacks.append(body) or read_by_tree(body)
+    )
+    pages = source.pages_after(None)
+    assert pages is not None
+    assert sorted(row for page in pages for row in page) == planned
+    assert [(path, size) for path, size, _ in planned] == sorted(
+        (key, len(body)) for key, body in files.items()
+    )
+    reader = "ElementTree" if fallbacks else "pattern"
+    assert reader == matrix.QUIRKS[s3_server.name]["listing_reader"]
 
 
 def test_a_rerun_over_more_than_a_page_is_proven_unchanged_in_parallel_key_ranges(

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -27,9 +28,10 @@ from initializers.manifest import (
     Manifest,
     find_problems,
     record_slices,
-    slice_records,
+    slice_rows,
     write_manifest_file,
 )
+from initializers.sources import s3pages
 from initializers.unchanged import LISTINGS_PER_PROCESS
 from tests.conftest import clean_env
 from tests.reliability.test_processes import wait_until_gone
@@ -59,12 +61,33 @@ def complete_tree(tmp_path_factory) -> Path:
     return made
 
 
-def _complete(paged, complete_tree: Path, tmp_path: Path):
-    """A fresh server of ``KEYS`` and a copy of their complete tree: ``(prefix, endpoint, out)``."""
+def _complete(paged, complete_tree: Path, tmp_path: Path, reader: str = "pattern"):
+    """A fresh server of ``KEYS`` and a copy of their complete tree: ``(prefix, endpoint, out)``;
+    ``reader``: how the check is to read the server's pages (``"ElementTree"``: laid out so the
+    pattern of :mod:`initializers.sources.s3pages` cannot)."""
     out = tmp_path / "out"
     shutil.copytree(complete_tree, out)  # mtimes kept: the manifest still vouches for each file
     prefix = Prefix(list(KEYS))
+    prefix.aws_layout = reader == "pattern"
     return prefix, paged(prefix), out
+
+
+READERS = ["pattern", "ElementTree"]
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_the_servers_layout_gives_the_check_the_reader_each_spec_names(reader, monkeypatch):
+    prefix = Prefix(KEYS[:7])
+    prefix.aws_layout = reader == "pattern"
+    fallbacks: list[bytes] = []
+    read_by_tree = s3pages.tree_page
+    monkeypatch.setattr(
+        s3pages, "tree_page", lambda body: fallbacks.append(body) or read_by_tree(body)
+    )
+    with paged_s3(prefix) as endpoint:
+        body = urllib.request.urlopen(f"{endpoint}/bucket?list-type=2&prefix=d/").read()
+    assert [row[0] for row in s3pages.key_page("d/", body).entries] == [k[2:] for k in KEYS[:5]]
+    assert ("ElementTree" if fallbacks else "pattern") == reader
 
 
 def _rerun(run_initializer, endpoint: str, out: Path, **env: str) -> str:
@@ -99,10 +122,11 @@ def _at(position: str, out: Path) -> list[str]:
     return keys
 
 
+@pytest.mark.parametrize("reader", READERS)
 def test_a_rerun_with_nothing_changed_lists_each_slice_once_from_its_edge_and_fetches_nothing(
-    paged, complete_tree, run_initializer, tmp_path
+    reader, paged, complete_tree, run_initializer, tmp_path
 ):
-    prefix, endpoint, out = _complete(paged, complete_tree, tmp_path)
+    prefix, endpoint, out = _complete(paged, complete_tree, tmp_path, reader)
     bounds = _bounds(out)
     assert len(bounds) == SLICES - 1
 
@@ -129,11 +153,12 @@ def test_the_check_lists_no_more_key_ranges_at_once_than_the_run_may_have_reques
     assert not prefix.starts_after and not prefix.gets
 
 
+@pytest.mark.parametrize("reader", READERS)
 @pytest.mark.parametrize("position", POSITIONS)
 def test_a_rerun_after_objects_changed_at_the_source_fetches_those_only(
-    position, paged, complete_tree, run_initializer, tmp_path
+    position, reader, paged, complete_tree, run_initializer, tmp_path
 ):
-    prefix, endpoint, out = _complete(paged, complete_tree, tmp_path)
+    prefix, endpoint, out = _complete(paged, complete_tree, tmp_path, reader)
     changed = _at(position, out)
     for key in changed:
         prefix.etags[key] = "v2"  # not an MD5: nothing to check the same bytes against
@@ -145,11 +170,12 @@ def test_a_rerun_after_objects_changed_at_the_source_fetches_those_only(
     assert holds_bodies(out, prefix.keys) and find_problems(out) == []
 
 
+@pytest.mark.parametrize("reader", READERS)
 @pytest.mark.parametrize("position", POSITIONS)
 def test_a_rerun_after_objects_were_removed_removes_their_files_and_fetches_nothing(
-    position, paged, complete_tree, run_initializer, tmp_path
+    position, reader, paged, complete_tree, run_initializer, tmp_path
 ):
-    prefix, endpoint, out = _complete(paged, complete_tree, tmp_path)
+    prefix, endpoint, out = _complete(paged, complete_tree, tmp_path, reader)
     removed = _at(position, out)
     prefix.keys = [key for key in prefix.keys if key not in removed]
 
@@ -160,13 +186,14 @@ def test_a_rerun_after_objects_were_removed_removes_their_files_and_fetches_noth
     assert holds_bodies(out, prefix.keys) and find_problems(out) == []
 
 
+@pytest.mark.parametrize("reader", READERS)
 @pytest.mark.parametrize("position", POSITIONS)
 def test_keys_added_next_to_objects_anywhere_are_fetched_by_the_rerun(
-    position, paged, complete_tree, run_initializer, tmp_path
+    position, reader, paged, complete_tree, run_initializer, tmp_path
 ):
     """Just before and just after each key of the position (a slice lists from the record
     before its first one: a key added there falls between two slices)."""
-    prefix, endpoint, out = _complete(paged, complete_tree, tmp_path)
+    prefix, endpoint, out = _complete(paged, complete_tree, tmp_path, reader)
     beside = _at(position, out)
     added = [f"{key[:-4]}-before.txt" for key in beside] + [f"{key}-after" for key in beside]
     prefix.keys = sorted({*prefix.keys, *added})
@@ -276,9 +303,10 @@ def test_the_manifests_slices_hold_each_record_once_in_order_with_the_paths_at_t
     write_manifest_file(path, Manifest("s3://bucket/d", None, files))
     slices = record_slices(path, count)
     assert slices is not None and 1 <= len(slices) <= min(count, records)
-    read = [list(slice_records(path, piece)) for piece in slices]
-    assert [name for part in read for name, _ in part] == sorted(files)
-    assert dict(pair for part in read for pair in part) == files
+    read = [list(slice_rows(path, piece)) for piece in slices]
+    assert [row for part in read for row in part] == [
+        (name, r.size, r.version, r.mtime_ns) for name, r in sorted(files.items())
+    ]
     for i, (piece, part) in enumerate(zip(slices, read, strict=True)):
         assert part, "no slice is empty"
         assert piece.after == (read[i - 1][-1][0] if i else None)

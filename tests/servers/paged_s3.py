@@ -41,6 +41,9 @@ class Prefix:
         self.etags: dict[str, str] = {}  # a listed ETag other than the body's MD5
         self.page_seconds = 0.0  # how long each listing page from ``slow_from`` on takes
         self.slow_from = ""
+        # Entries laid out as AWS lays them out, which the warm rerun's check reads with a
+        # pattern; False: the size before the ETag, which sends every page to ElementTree.
+        self.aws_layout = True
 
     def page(self, after: str) -> tuple[int, list[str], bool]:
         """The page after key ``after`` ("" for the first), as S3 pages: by key, so a key
@@ -101,19 +104,25 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def _listing(prefix: Prefix, keys: list[str], more: bool) -> bytes:
-    contents = "".join(
-        f"<Contents><Key>{key}</Key>"
-        f"<Size>{prefix.sizes.get(key, len(body_of(key)))}</Size>"
-        f"<ETag>&quot;{prefix.etags.get(key) or hashlib.md5(body_of(key)).hexdigest()}&quot;</ETag>"
-        "</Contents>"
-        for key in keys
-    )
+    contents = "".join(_entry(prefix, key) for key in keys)
     token = f"<NextContinuationToken>{keys[-1]}</NextContinuationToken>" if more else ""
     return (
         '<?xml version="1.0"?><ListBucketResult><Name>bucket</Name>'
         f"<IsTruncated>{'true' if more else 'false'}</IsTruncated>{token}{contents}"
         "</ListBucketResult>"
     ).encode()
+
+
+def _entry(prefix: Prefix, key: str) -> str:
+    size = f"<Size>{prefix.sizes.get(key, len(body_of(key)))}</Size>"
+    etag = (
+        f"<ETag>&quot;{prefix.etags.get(key) or hashlib.md5(body_of(key)).hexdigest()}&quot;</ETag>"
+    )
+    if not prefix.aws_layout:
+        return f"<Contents><Key>{key}</Key>{size}{etag}</Contents>"
+    modified = "<LastModified>2026-01-01T00:00:00.000Z</LastModified>"
+    kind = "<StorageClass>STANDARD</StorageClass>"
+    return f"<Contents><Key>{key}</Key>{modified}{etag}{size}{kind}</Contents>"
 
 
 class PagedS3(ThreadingHTTPServer):

@@ -24,7 +24,7 @@ import logging
 import mmap
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -52,11 +52,6 @@ log = logging.getLogger(__name__)
 # Key ranges a process lists at once, a thread each: a page of 1,000 keys costs ~8 ms of CPU
 # here (its stats included), and a real store takes 20-100 ms to send it.
 LISTINGS_PER_PROCESS = 4
-# Slices for each listing at once, claimed as threads free up: with one slice each, one thread
-# was left listing alone for the last 0.6-0.9 s of a million files' 5 s. No slice is cut under
-# SLICE_BYTES of the manifest (~18,000 records): each costs one listing request more.
-SLICES_PER_LISTING = 4
-SLICE_BYTES = 1 << 21
 
 
 @dataclass(frozen=True)
@@ -108,28 +103,24 @@ def unchanged(
         return None
     count = processes.process_count(processes.UNCOUNTED, check.workers)
     each = max(1, min(LISTINGS_PER_PROCESS, check.workers // count))
-    slices = record_slices(check.record, _slice_count(check.record, count * each))
+    slices = record_slices(check.record, count * each)
     if not slices:
         return None
     log.info(
-        "%s: checking the complete tree against the source, %d key range(s), %d at once",
+        "%s: checking the complete tree against the source, %d key range(s) at once",
         check.label,
         len(slices),
-        min(len(slices), count * each),
     )
     differs = mmap.mmap(-1, 1)  # shared with the forked processes: 1 once one finds a change
-    claims = _claims(len(slices))
+    groups = [slices[i::count] for i in range(min(count, len(slices)))]
+    children = [
+        processes.fork(partial(_child, check, group, differs), check.stop) for group in groups[1:]
+    ]
     try:
-        work = partial(_claimed_tally, check, slices, claims, differs, each)
-        forks = min(count, len(slices)) - 1
-        children = [processes.fork(partial(_child, work), check.stop) for _ in range(forks)]
-        try:
-            mine = work()
-        finally:
-            if children:
-                processes.gather(children, check.stop, lambda *_: None)
+        mine = _group_tally(check, groups[0], differs)
     finally:
-        os.close(claims)
+        if children:
+            processes.gather(children, check.stop, lambda *_: None)
     tallies = [mine, *(_tally_of(child.result) for child in children)]
     if check.stop.is_set():
         raise Interrupted(STOPPED)
@@ -139,27 +130,8 @@ def unchanged(
     return total
 
 
-def _slice_count(record: Path, listings: int) -> int:
-    """How many slices to cut the manifest into for ``listings`` at once: a few for each, so
-    none is left listing alone at the end, but none under :data:`SLICE_BYTES`."""
-    size = record.stat().st_size
-    return min(255, max(listings, min(listings * SLICES_PER_LISTING, size // SLICE_BYTES)))
-
-
-def _claims(count: int) -> int:
-    """A pipe's read end holding one byte for each slice's index (at most 255), its write end
-    closed: every thread of every process reads a byte to claim the next slice, and none is
-    left once it reads nothing (a pipe's read of one byte is atomic across processes)."""
-    claims, filling = os.pipe()
-    try:
-        os.write(filling, bytes(range(count)))
-    finally:
-        os.close(filling)
-    return claims
-
-
-def _child(work: Callable[[], Tally | None], _: Any) -> dict[str, Any]:
-    return {"tally": work()}
+def _child(check: Check, group: list[RecordSlice], differs: mmap.mmap, _: Any) -> dict[str, Any]:
+    return {"tally": _group_tally(check, group, differs)}
 
 
 def _tally_of(result: dict[str, Any] | None) -> Tally | None:
@@ -167,25 +139,11 @@ def _tally_of(result: dict[str, Any] | None) -> Tally | None:
     return found if isinstance(found, Tally) else None
 
 
-def _claimed_tally(
-    check: Check, slices: list[RecordSlice], claims: int, differs: mmap.mmap, threads: int
-) -> Tally | None:
-    """This process's share: ``threads`` threads, each listing the slices it claims one after
-    the other (a listing mostly waits for its next page, and the others use the CPU meanwhile).
-    The threads end before it returns."""
-
-    def claimed() -> Tally | None:
-        total = Tally()
-        while claim := os.read(claims, 1):
-            tally = _slice_tally(check, slices[claim[0]], differs)
-            if tally is None:
-                return None
-            total += tally
-        return total
-
-    with ThreadPoolExecutor(threads, thread_name_prefix="unchanged") as pool:
-        shares = [pool.submit(claimed) for _ in range(threads)]
-        return _total(share.result() for share in shares)
+def _group_tally(check: Check, group: list[RecordSlice], differs: mmap.mmap) -> Tally | None:
+    """This process's slices, each listed by a thread of its own: a listing mostly waits for
+    its next page, and the others use the CPU meanwhile. The threads end before it returns."""
+    with ThreadPoolExecutor(len(group), thread_name_prefix="unchanged") as pool:
+        return _total(pool.map(partial(_slice_tally, check, differs=differs), group))
 
 
 def _total(tallies: Iterable[Tally | None]) -> Tally | None:

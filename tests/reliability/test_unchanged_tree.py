@@ -16,17 +16,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
-from initializers import processes, unchanged
-from initializers.config import load_settings
-from initializers.dataset import DEFAULTS as DATASET
+from initializers import processes
 from initializers.manifest import (
     FileRecord,
     Manifest,
@@ -35,7 +31,7 @@ from initializers.manifest import (
     slice_rows,
     write_manifest_file,
 )
-from initializers.sources import open_source, s3pages
+from initializers.sources import s3pages
 from initializers.unchanged import LISTINGS_PER_PROCESS
 from tests.conftest import clean_env
 from tests.reliability.test_processes import wait_until_gone
@@ -147,33 +143,12 @@ def test_a_rerun_with_nothing_changed_lists_each_slice_once_from_its_edge_and_fe
     assert find_problems(out) == []
 
 
-def test_more_slices_than_listings_are_each_claimed_once_by_whichever_listing_is_free(
-    paged, complete_tree, tmp_path, monkeypatch
-):
-    """A large manifest is cut into a few slices for each listing at once, claimed as listings
-    free up (so none is left listing alone at the end): every slice is listed exactly once, by
-    one of the forked processes or the parent, and the tally is the whole tree's."""
-    monkeypatch.setattr(unchanged, "SLICE_BYTES", 1)  # the 1,500 records cut as a million's are
-    prefix, endpoint, out = _complete(paged, complete_tree, tmp_path)
-    settings = load_settings(DATASET, [], env_for(endpoint, out))
-    check = unchanged.Check(
-        open_source(settings), out, out / MANIFEST, (), (), threading.Event(), "test", 8
-    )
-    has_more = SimpleNamespace(listing=SimpleNamespace(rest=iter(())))
-    tally = unchanged.unchanged(check, has_more, "s3://bucket/d", None)  # type: ignore[arg-type]
-    assert tally is not None and (tally.files, tally.filtered) == (1500, 0)
-    slices = record_slices(out / MANIFEST, SLICES * unchanged.SLICES_PER_LISTING) or []
-    assert len(slices) == SLICES * unchanged.SLICES_PER_LISTING
-    assert sorted(prefix.starts_after) == [f"d/{piece.after}" for piece in slices[1:]]
-    assert not prefix.gets
-
-
 def test_the_check_lists_no_more_key_ranges_at_once_than_the_run_may_have_requests(
     paged, complete_tree, run_initializer, tmp_path
 ):
     prefix, endpoint, out = _complete(paged, complete_tree, tmp_path)
     said = _rerun(run_initializer, endpoint, out, WORKERS="1")
-    assert "checking the complete tree against the source, 1 key range(s), 1 at once" in said
+    assert "checking the complete tree against the source, 1 key range(s) at once" in said
     assert "already complete (1500 files" in said
     assert not prefix.starts_after and not prefix.gets
 

@@ -5,10 +5,10 @@ A rerun over a complete destination whose source has not changed fetches nothing
 ~25 µs a file, 25 s for a million. Where the source can resume a listing at a key
 (:meth:`~initializers.sources.base.Source.pages_after`: S3's ``start-after``, GCS's
 ``startOffset``), this check cuts the manifest (in path order, a record a line) into slices,
-and four threads in each process (one per usable CPU, at most four) claim them one after the
-other: a thread lists its slice's key range from the record before it, a page at a time, while
-reading the slice's records beside it: each listed file must be the next record, with the same
-version and size, and lie on disk as recorded (size and mtime). The processes put every CPU
+four for each process (one per usable CPU, at most four), and a thread per slice lists the
+slice's key range from the record before it, a page at a time, while reading the slice's
+records beside it: each listed file must be the next record, with the same version and size,
+and lie on disk as recorded (size and mtime). The processes put every CPU
 to the parsing and the comparing; the threads keep listing while a page is on its way. The
 first difference ends the check everywhere (a byte the processes share) and the run plans as
 ever. The check only ever proves there is nothing to do; it never decides what to fetch.

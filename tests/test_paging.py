@@ -136,6 +136,42 @@ def test_an_s3_listing_of_many_pages_returns_after_its_first_without_asking_for_
     assert [f.locator for f in listing.files] == prefix.keys
 
 
+@pytest.mark.parametrize("plane", ["signed-rest", "botocore"])
+def test_an_s3_listing_resumed_past_a_key_comes_a_page_at_a_time_as_the_plan_lists_it(
+    plane, tmp_path, monkeypatch
+):
+    """What the warm rerun's check compares (``Source.pages_after``): rows of (path, size,
+    version) exactly as the plan's listing gives them, a server page at a time, each page asked
+    for once and only when wanted, from past the key it is given."""
+    prefix = Prefix(numbered_keys(1500))  # 300 pages of 5
+    arguments = ["--storage-uri", "s3://bucket/d", "--region", "us-east-1"]
+    if plane == "botocore":
+        keys = tmp_path / "credentials"
+        keys.write_text("[default]\naws_access_key_id = AK\naws_secret_access_key = SK\n")
+        monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(keys))
+        monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    else:
+        arguments.append("--anonymous")
+    with paged_s3(prefix) as endpoint:
+        settings = load_settings(
+            AssetDefaults("dataset", tmp_path), [*arguments, "--endpoint", endpoint], env={}
+        )
+        source = open_source(settings)
+        listing = source.list()
+        listing.complete()
+        planned = [(f.path, f.size, f.version) for f in listing.files]
+        prefix.requests.clear()
+        pages = source.pages_after(None)
+        assert pages is not None
+        first = next(pages)
+        assert dict(prefix.requests) == {0: 1} and first == planned[:PER_PAGE]
+        assert [first, *pages] == [planned[i : i + PER_PAGE] for i in range(0, 1500, PER_PAGE)]
+        resumed = source.pages_after(planned[702][0])
+        assert resumed is not None
+        assert [row for page in resumed for row in page] == planned[703:]
+    assert prefix.starts_after == [f"d/{planned[702][0]}"]
+
+
 def test_a_hub_tree_of_many_pages_returns_after_its_first_page_without_asking_for_the_second(
     tmp_path,
 ):

@@ -59,6 +59,7 @@ PLAIN = {
         ),
     ),
     "go": page(go("d/a", 1), go("d/b%26c", 2), more=True),
+    "go, keys not url-encoded": page(go("d/a&#34;b", 1), go("d/c", 2), encoded=False),
     "no namespace": page(aws("d/a", 1), root=""),
     "unquoted etag": page(aws("d/a", 1, etag="e3"), aws("d/b", 0, etag="")),
     "no entries": page(more=False),

@@ -25,7 +25,7 @@ from urllib.parse import unquote_plus
 
 KeyRow = tuple[str, int, str | None]  # (key past the folder, size, ETag unquoted or None)
 
-_ENTRY = re.compile(  # an entry laid out as AWS, moto and MinIO lay it out; others go to ET
+_ENTRY = re.compile(  # an entry laid out as AWS, moto, SeaweedFS and rclone lay it out
     r"<Contents>\s*<Key>([^<]*)</Key>\s*(?:<LastModified>[^<]*</LastModified>\s*)?"
     r"<ETag>([^<]*)</ETag>\s*(?:<(Checksum\w*)>[^<]*</\3>\s*)*<Size>([0-9]+)</Size>"
 )
@@ -106,7 +106,11 @@ def _plain_page(folder: str, body: bytes) -> Page | None:
     decode, start = _URL_ENCODED.search(text) is not None, len(folder)
     rows = [
         (
-            (unquote_plus(key) if decode and ("%" in key or "+" in key) else key)[start:],
+            (
+                _key(key, quote, decode)
+                if "&" in key or (decode and ("%" in key or "+" in key))
+                else key
+            )[start:],
             int(size),
             etag.replace(quote, '"').strip('"') or None,
         )
@@ -116,6 +120,13 @@ def _plain_page(folder: str, body: bytes) -> Page | None:
     return Page(
         rows, _TRUNCATED.search(text) is not None, token and token.group(1).replace(quote, '"')
     )
+
+
+def _key(text: str, quote: str, decode: bool) -> str:
+    """A key's text with its quotes' references replaced (the only ones a plain page has), then
+    URL-decoded where the server encoded it."""
+    key = text.replace(quote, '"')
+    return unquote_plus(key) if decode and ("%" in key or "+" in key) else key
 
 
 def _object(item: ET.Element, encoded_key: bool, ns: str) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from initializers.config import AssetDefaults, load_settings
 from initializers.errors import TransientError
 from initializers.retry import RetryPolicy
 from initializers.sources import open_source
-from initializers.sources.base import Order, RemoteFile
+from initializers.sources.base import Order, RemoteFile, Source
 from initializers.sources.paging import PAGE_END, paged_listing, resumable
 from tests.servers.hub import HubServer
 from tests.servers.paged_s3 import PER_PAGE, Prefix, numbered_keys, paged_s3
@@ -110,11 +110,8 @@ def test_a_marked_stream_of_one_page_is_listed_whole():
     assert listing.rest is None and len(listing.files) == 4
 
 
-@pytest.mark.parametrize("plane", ["signed-rest", "botocore"])
-def test_an_s3_listing_of_many_pages_returns_after_its_first_without_asking_for_the_second(
-    plane, tmp_path, monkeypatch
-):
-    prefix = Prefix(numbered_keys(1500))  # 300 pages of 5 keys
+def _s3_source(plane: str, endpoint: str, tmp_path, monkeypatch) -> Source:
+    """``s3://bucket/d`` at ``endpoint``, over the signed REST plane or botocore's."""
     arguments = ["--storage-uri", "s3://bucket/d", "--region", "us-east-1"]
     if plane == "botocore":  # keys from a credentials file take botocore's control plane
         keys = tmp_path / "credentials"
@@ -123,11 +120,19 @@ def test_an_s3_listing_of_many_pages_returns_after_its_first_without_asking_for_
         monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
     else:
         arguments.append("--anonymous")
+    settings = load_settings(
+        AssetDefaults("dataset", tmp_path), [*arguments, "--endpoint", endpoint], env={}
+    )
+    return open_source(settings)
+
+
+@pytest.mark.parametrize("plane", ["signed-rest", "botocore"])
+def test_an_s3_listing_of_many_pages_returns_after_its_first_without_asking_for_the_second(
+    plane, tmp_path, monkeypatch
+):
+    prefix = Prefix(numbered_keys(1500))  # 300 pages of 5 keys
     with paged_s3(prefix) as endpoint:
-        settings = load_settings(
-            AssetDefaults("dataset", tmp_path), [*arguments, "--endpoint", endpoint], env={}
-        )
-        source = open_source(settings)
+        source = _s3_source(plane, endpoint, tmp_path, monkeypatch)
         assert type(source._plane).__name__ == {"botocore": "BotocorePlane"}.get(plane, "RestPlane")
         listing = source.list()
         assert dict(prefix.requests) == {0: 1} and len(listing.files) == PER_PAGE
@@ -144,19 +149,8 @@ def test_an_s3_listing_resumed_past_a_key_comes_a_page_at_a_time_as_the_plan_lis
     version) exactly as the plan's listing gives them, a server page at a time, each page asked
     for once and only when wanted, from past the key it is given."""
     prefix = Prefix(numbered_keys(1500))  # 300 pages of 5
-    arguments = ["--storage-uri", "s3://bucket/d", "--region", "us-east-1"]
-    if plane == "botocore":
-        keys = tmp_path / "credentials"
-        keys.write_text("[default]\naws_access_key_id = AK\naws_secret_access_key = SK\n")
-        monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(keys))
-        monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
-    else:
-        arguments.append("--anonymous")
     with paged_s3(prefix) as endpoint:
-        settings = load_settings(
-            AssetDefaults("dataset", tmp_path), [*arguments, "--endpoint", endpoint], env={}
-        )
-        source = open_source(settings)
+        source = _s3_source(plane, endpoint, tmp_path, monkeypatch)
         listing = source.list()
         listing.complete()
         planned = [(f.path, f.size, f.version) for f in listing.files]

@@ -8,10 +8,10 @@ A rerun over a complete destination whose source has not changed fetches nothing
 four for each process (one per usable CPU, at most four), and a thread per slice lists the
 slice's key range from the record before it, a page at a time, while reading the slice's
 records beside it: each listed file must be the next record, with the same version and size,
-and lie on disk as recorded (size and mtime). The processes put every CPU
-to the parsing and the comparing; the threads keep listing while a page is on its way. The
-first difference ends the check everywhere (a byte the processes share) and the run plans as
-ever. The check only ever proves there is nothing to do; it never decides what to fetch.
+and lie on disk as recorded (size and mtime). The processes put every CPU to the parsing and
+the comparing; the threads keep listing while a page is on its way. The first difference ends
+the check everywhere (a byte the processes share) and the run plans as ever. The check only
+ever proves there is nothing to do; it never decides what to fetch.
 
 It applies only where the manifest alone speaks for the tree: it names this source and
 revision, its files were synced or written since the last boot, no killed run left a commit

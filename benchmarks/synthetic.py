@@ -29,8 +29,10 @@ PAGE = 1000
 ISO_MTIME = "2026-01-01T00:00:00.000Z"
 
 
-def key(index: int) -> str:
-    return f"{PREFIX}{index // 1000:04d}/{index:07d}-{kib(index)}k.bin"
+def key(index: int, size_kib: int | None = None) -> str:
+    """Object ``index``'s key (``size_kib``: its :func:`kib`, where the caller has it)."""
+    size = kib(index) if size_kib is None else size_kib
+    return f"{PREFIX}{index // 1000:04d}/{index:07d}-{size}k.bin"
 
 
 def kib(index: int) -> int:
@@ -81,7 +83,7 @@ class _ListHandler(BaseHTTPRequestHandler):
         for i in range(start, end):  # the listing's server is on the contenders' CPUs: lean
             k = kib(i)
             out.append(
-                f"<Contents><Key>{PREFIX}{i // 1000:04d}/{i:07d}-{k}k.bin</Key>"
+                f"<Contents><Key>{key(i, k)}</Key>"
                 f"<LastModified>{ISO_MTIME}</LastModified><ETag>&quot;{etags[k]}&quot;</ETag>"
                 f"<Size>{k * 1024}</Size><StorageClass>STANDARD</StorageClass></Contents>"
             )

@@ -99,18 +99,29 @@ def tree_rows(body: bytes) -> tuple[list[s3pages.KeyRow], bool, str | None]:
     return s3pages.rows_of(found.entries, "d/"), found.truncated, found.token
 
 
-def quick_rows(
-    body: bytes, monkeypatch
-) -> tuple[tuple[list[s3pages.KeyRow], bool, str | None], str]:
-    """The page as the warm check reads it, and the reader that read it."""
+def pages_handed_to_element_tree(monkeypatch) -> list[bytes]:
+    """From here to the test's end: the pages the warm check's reader could not read by its
+    pattern and handed to ElementTree (none: the pattern read every page)."""
     fallbacks: list[bytes] = []
     read_by_tree = s3pages.tree_page
     monkeypatch.setattr(
         s3pages, "tree_page", lambda body: fallbacks.append(body) or read_by_tree(body)
     )
+    return fallbacks
+
+
+def reader(fallbacks: list[bytes]) -> str:
+    return "ElementTree" if fallbacks else "pattern"
+
+
+def quick_rows(
+    body: bytes, monkeypatch
+) -> tuple[tuple[list[s3pages.KeyRow], bool, str | None], str]:
+    """The page as the warm check reads it, and the reader that read it."""
+    fallbacks = pages_handed_to_element_tree(monkeypatch)
     found = s3pages.key_page("d/", body)
     monkeypatch.undo()
-    return (found.entries, found.truncated, found.token), "ElementTree" if fallbacks else "pattern"
+    return (found.entries, found.truncated, found.token), reader(fallbacks)
 
 
 @pytest.mark.parametrize("shape", PLAIN)

@@ -36,7 +36,7 @@ from initializers.sources.prefix import (
 )
 from initializers.sources.s3errors import host_header
 from initializers.sources.s3options import request_headers
-from initializers.sources.s3pages import KeyRow
+from initializers.sources.s3pages import KeyRow, version_of
 from initializers.sources.s3sign import S3HeaderSigner
 from initializers.streams import RangeReader
 from initializers.transport import HttpTransport
@@ -195,7 +195,7 @@ class S3Source(Source):
         return self._plane.list_keys(folder, folder + after if after is not None else "")
 
     def _remote(self, path: str, key: str, obj: Mapping[str, Any]) -> RemoteFile:
-        etag = _version(obj) or ""
+        etag = version_of(obj) or ""
         checksum = Checksum("md5", etag) if _MD5_ETAG.match(etag) else None
         additional = full_object_checksum(obj)
         return RemoteFile(
@@ -339,11 +339,6 @@ def _checksum_headers(headers: Mapping[str, str]) -> dict[str, str]:
         if headers.get(header):
             found[key] = headers[header]
     return found
-
-
-def _version(obj: Mapping[str, Any]) -> str | None:
-    """An object's version as the manifest records it: its ETag, unquoted."""
-    return str(obj.get("ETag", "")).strip('"') or None
 
 
 def full_object_checksum(obj: Mapping[str, Any]) -> Checksum | None:

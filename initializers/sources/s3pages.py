@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 from urllib.parse import unquote_plus
 
@@ -69,10 +69,12 @@ def key_page(folder: str, body: bytes) -> Page:
 def rows_of(objects: Iterable[dict[str, Any]], folder: str) -> list[KeyRow]:
     """:data:`KeyRow` rows of botocore's ``Contents`` dicts."""
     start = len(folder)
-    return [
-        (o["Key"][start:], int(o.get("Size", 0)), str(o.get("ETag", "")).strip('"') or None)
-        for o in objects
-    ]
+    return [(o["Key"][start:], int(o.get("Size", 0)), version_of(o)) for o in objects]
+
+
+def version_of(obj: Mapping[str, Any]) -> str | None:
+    """An object's version as the manifest records it: its ETag, unquoted."""
+    return str(obj.get("ETag", "")).strip('"') or None
 
 
 def namespace_of(root: ET.Element) -> str:

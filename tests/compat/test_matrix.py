@@ -22,11 +22,12 @@ from pathlib import Path
 import pytest
 
 from initializers.config import AssetDefaults, load_settings
-from initializers.sources import open_source, s3pages
+from initializers.sources import open_source
 from tests.compat import matrix
 from tests.compat.servers import RcloneS3, S3Server, SeaweedFS, client
 from tests.conftest import Bucket, tree
 from tests.test_s3_initializer import fill, manifest
+from tests.test_s3_pages import pages_handed_to_element_tree, reader
 
 # Real servers, ~2.5 minutes on 2 cores: run with `pytest -m s3compat tests/compat`.
 pytestmark = pytest.mark.s3compat
@@ -410,19 +411,14 @@ def test_the_warm_checks_quick_listing_reads_what_the_plans_listing_reads(
     )
     source = open_source(settings)
     planned = sorted((f.path, f.size, f.version) for f in source.list().files)
-    fallbacks = []
-    read_by_tree = s3pages.tree_page
-    monkeypatch.setattr(
-        s3pages, "tree_page", lambda body: fallbacks.append(body) or read_by_tree(body)
-    )
+    fallbacks = pages_handed_to_element_tree(monkeypatch)
     pages = source.pages_after(None)
     assert pages is not None
     assert sorted(row for page in pages for row in page) == planned
     assert [(path, size) for path, size, _ in planned] == sorted(
         (key, len(body)) for key, body in files.items()
     )
-    reader = "ElementTree" if fallbacks else "pattern"
-    assert reader == matrix.QUIRKS[s3_server.name]["listing_reader"]
+    assert reader(fallbacks) == matrix.QUIRKS[s3_server.name]["listing_reader"]
 
 
 def test_a_rerun_over_more_than_a_page_is_proven_unchanged_in_parallel_key_ranges(

@@ -36,6 +36,8 @@ from initializers.unchanged import LISTINGS_PER_PROCESS
 from tests.conftest import clean_env
 from tests.reliability.test_processes import wait_until_gone
 from tests.servers.paged_s3 import Prefix, env_for, holds_bodies, numbered_keys, paged_s3
+from tests.test_s3_pages import pages_handed_to_element_tree
+from tests.test_s3_pages import reader as reader_of
 
 MANIFEST = ".initializer-manifest.json"
 KEYS = numbered_keys(1500)  # 300 pages of 5
@@ -79,15 +81,11 @@ READERS = ["pattern", "ElementTree"]
 def test_the_servers_layout_gives_the_check_the_reader_each_spec_names(reader, monkeypatch):
     prefix = Prefix(KEYS[:7])
     prefix.aws_layout = reader == "pattern"
-    fallbacks: list[bytes] = []
-    read_by_tree = s3pages.tree_page
-    monkeypatch.setattr(
-        s3pages, "tree_page", lambda body: fallbacks.append(body) or read_by_tree(body)
-    )
+    fallbacks = pages_handed_to_element_tree(monkeypatch)
     with paged_s3(prefix) as endpoint:
         body = urllib.request.urlopen(f"{endpoint}/bucket?list-type=2&prefix=d/").read()
     assert [row[0] for row in s3pages.key_page("d/", body).entries] == [k[2:] for k in KEYS[:5]]
-    assert ("ElementTree" if fallbacks else "pattern") == reader
+    assert reader_of(fallbacks) == reader
 
 
 def _rerun(run_initializer, endpoint: str, out: Path, **env: str) -> str:

@@ -26,7 +26,7 @@ from pathlib import Path
 from benchmarks import accesslog, latency
 from benchmarks.fixtures import Fixture
 from benchmarks.hubendpoint import nginx_cdn_location
-from benchmarks.nginx import Nginx, free_port
+from benchmarks.nginx import HeldPorts, Nginx, free_port
 from benchmarks.s3endpoint import s3_http_shared, s3_server, start_s3api
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -82,18 +82,20 @@ class Endpoints:
         self.fixture = fixture
         self.run_dir = run_dir.resolve()
         self.latency_s = latency_s
-        self.s3api_port = free_port()
+        self.s3api_port = free_port()  # bound by its server before the Hub's binds its own
+        # nginx's, held until it starts: the Hub's listeners, started first, bind port 0.
+        self._nginx_ports = HeldPorts()
         layout = (("s3", "s3"), ("hub", "hub"), ("hub", "cdn"))
         delays = (False, True) if latency_s > 0 else (False,)
         self.ports: dict[int, Port] = {}
         for delayed in delays:
             for endpoint, role in layout:
-                port = Port(free_port(), endpoint, role, delayed)
+                port = Port(self._nginx_ports.take(), endpoint, role, delayed)
                 self.ports[port.number] = port
-        nginx_style = Port(free_port(), "s3", "s3", delayed=False, nginx_etags=True)
+        nginx_style = Port(self._nginx_ports.take(), "s3", "s3", delayed=False, nginx_etags=True)
         self.ports[nginx_style.number] = nginx_style
         self.nginx_s3_url = nginx_style.url
-        tls = Port(free_port(), "s3", "s3", delayed=False, tls=True)
+        tls = Port(self._nginx_ports.take(), "s3", "s3", delayed=False, tls=True)
         self.ports[tls.number] = tls
         self.tls_s3_url = tls.url
         self.ca_bundle = self.run_dir / "tls" / "ca.pem"  # made by start()
@@ -167,6 +169,7 @@ class Endpoints:
                 cdn = self._port("cdn", port.delayed).url
                 body += _hub_server(port.number, delay, redirect=(self.cdn_url, cdn))
         self.nginx = Nginx(self.run_dir, body, modules=modules)
+        self._nginx_ports.release()
         self.nginx.start(list(self.ports))
 
     def _make_certificate(self) -> tuple[Path, Path]:
@@ -206,6 +209,7 @@ class Endpoints:
         return json.loads(ready.read_text())["endpoint"]
 
     def stop(self) -> None:
+        self._nginx_ports.release()
         if self.nginx:
             self.nginx.stop()
         for proc in self._procs:

@@ -45,6 +45,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class HeldPorts:
+    """Ports on 127.0.0.1 kept bound (not listening, no ``SO_REUSEADDR``) until :meth:`release`,
+    so that no server started meanwhile takes one when it binds port 0: a port picked and let go
+    at once was, once, the Hub listener's by the time nginx came to bind it."""
+
+    def __init__(self) -> None:
+        self._held: list[socket.socket] = []
+
+    def take(self) -> int:
+        held = socket.socket()
+        held.bind(("127.0.0.1", 0))
+        self._held.append(held)
+        return held.getsockname()[1]
+
+    def release(self) -> None:
+        """Let every port go: just before the server meant to listen on them binds them."""
+        for held in self._held:
+            held.close()
+        self._held.clear()
+
+
 def wait_for_port(port: int, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while True:

@@ -126,6 +126,8 @@ class Nginx:
         self.proc = subprocess.Popen([*args, str(conf)], stdin=subprocess.DEVNULL)
         for port in ports:
             wait_for_port(port)
+        if self.proc.poll() is not None:  # another process answered on a port it could not bind
+            raise RuntimeError(f"nginx exited at its start; see {self.run_dir / 'error.log'}")
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:

@@ -5,8 +5,10 @@ count, against the synthetic endpoint (:mod:`benchmarks.synthetic`: no fixture o
 rounds of a cold fetch by ours (``dataset-initializer``) and by s5cmd, their order alternating,
 then ours again on its complete tree (the warm rerun). Each run's peak tree memory, wall time,
 delay to its first data GET (from nginx's log) and, for the warm rerun, the object GETs it
-made. Then ours on a Hub dataset repository of as many files (``--hub-counts``; the project's
-test Hub, whose tree listing pages as the real one's does, 1,000 entries a page), cold and warm.
+made. Then ours through the asset store (``--cache-counts``: a first TrainJob fills the entry,
+later ones link it), and ours on a Hub dataset repository of as many files (``--hub-counts``;
+the project's test Hub, whose tree listing pages as the real one's does, 1,000 entries a page),
+cold and warm.
 It prints a table and writes ``results.json`` under ``.bench/results/manyfiles-<time>/``.
 """
 
@@ -281,6 +283,24 @@ def measure_resume(count: int, work: Path) -> list[Run]:
     return runs
 
 
+def measure_cache(count: int, rounds: int, work: Path) -> list[Run]:
+    """Ours with ``CACHE_DIR``: a first TrainJob fills the asset store's entry, then each
+    round a later TrainJob (a workspace of its own) links it: what it costs to find the entry
+    unchanged, and that it fetches nothing."""
+    runs: list[Run] = []
+    with endpoint(count, work / "endpoint") as url:
+        log = work / "endpoint" / "access.log"
+        env = {**_env(url), "CACHE_DIR": str(work / "cache")}
+        for r in range(-1, rounds):
+            name = "ours-cache-first" if r < 0 else "ours-cache-later"
+            dest = work / f"trainjob-{r + 1}" / "dataset"
+            got = _run(name, _contenders(url, dest)["ours"], env, work, log)
+            runs.append(Run(count, name, max(r, 0), *got))
+            _check(name, got[-1], dest, count, work)
+    shutil.rmtree(work / "cache", ignore_errors=True)
+    return runs
+
+
 def _check(name: str, code: int, dest: Path, count: int, work: Path) -> None:
     """Every object landed: the run counts only if its tree is right."""
     if code != 0:
@@ -391,6 +411,14 @@ def main(argv: list[str] | None = None) -> int:
         help="default: the largest; none skips it",
     )
     parser.add_argument("--local-rounds", type=int, default=1)
+    parser.add_argument(
+        "--cache-counts",
+        type=int,
+        nargs="*",
+        default=None,
+        help="CACHE_DIR: a first TrainJob, then later ones; default: the largest; none skips it",
+    )
+    parser.add_argument("--cache-rounds", type=int, default=3)
     parser.add_argument("--hub-counts", type=int, nargs="*", default=[100_000])
     parser.add_argument("--hub-rounds", type=int, default=1)
     parser.add_argument(
@@ -434,6 +462,11 @@ def main(argv: list[str] | None = None) -> int:
         work.mkdir()
         print(f"{local:,} one-byte files from a local folder, ours and cp -r...", flush=True)
         runs += measure_local(local, args.local_rounds, work)
+    for count in [max(args.counts)] if args.cache_counts is None else args.cache_counts:
+        work = out / f"n{count}-cache"
+        work.mkdir()
+        print(f"{count:,} objects through CACHE_DIR: a first TrainJob, later ones", flush=True)
+        runs += measure_cache(count, args.cache_rounds, work)
     for count in args.hub_counts:
         work = out / f"n{count}-hub"
         work.mkdir()

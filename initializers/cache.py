@@ -45,7 +45,7 @@ from initializers.fsutil import atomic_write_bytes
 from initializers.manifest import find_problems, manifest_totals
 from initializers.progress import human_bytes
 from initializers.retry import RetryPolicy
-from initializers.sources.base import Listing, RemoteFile, Source
+from initializers.sources.base import RemoteFile, Source
 
 if TYPE_CHECKING:
     from initializers.engine import Outcome
@@ -82,18 +82,20 @@ def entry_name(shown_source: str, material: dict[str, object]) -> str:
     return f"{slug or 'entry'}-{digest}"
 
 
-def key_material(
-    where: str, listing: Listing, patterns: tuple[tuple[str, ...], ...]
+def asset_material(
+    where: str, revision: str | None, patterns: tuple[tuple[str, ...], ...]
 ) -> dict[str, object]:
-    """What identifies one version of one asset: ``where`` (the source as shown, plus its
-    endpoint), the resolved revision, the patterns, and every listed file's identity (in path
-    order, read from the listing's table as it is hashed when the listing is on disk)."""
-    return {
-        "where": where,
-        "revision": listing.revision,
-        "patterns": [list(p) for p in patterns],
-        "files": _identities(listing.files),
-    }
+    """What identifies one asset whatever its files: ``where`` (the source as shown, plus its
+    endpoint), the resolved revision and the patterns. Its digest is an entry's ``identity``:
+    the entries of one asset's versions share it."""
+    return {"where": where, "revision": revision, "patterns": [list(p) for p in patterns]}
+
+
+def key_material(asset: dict[str, object], files: Iterable[RemoteFile]) -> dict[str, object]:
+    """What identifies one version of one asset: the asset (:func:`asset_material`) and every
+    listed file's identity (in path order, read from the listing's table as it is hashed when
+    the listing is on disk)."""
+    return {**asset, "files": _identities(files)}
 
 
 def _identities(files: Iterable[RemoteFile]) -> Iterable[list[object]]:
@@ -175,21 +177,26 @@ class AssetCache:
             os.close(os.open(readers, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644))
         except OSError as exc:
             raise storage_error(exc, readers) from None
-        for folder, dirs, files in os.walk(entry):
-            for item in dirs + files:
-                path = Path(folder, item)
-                if path.is_symlink():
-                    log.warning("cache: removing the symlink %s planted in the entry", path)
-                    path.unlink()
+        _remove_symlinks(entry)
         return entry
 
-    def record_use(self, name: str, source: str, revision: str | None) -> None:
-        """Note the entry's source (as shown, no secret) and that it was used now."""
+    def record_use(
+        self,
+        name: str,
+        source: str,
+        revision: str | None,
+        identity: str,
+        totals: tuple[int, int] | None = None,
+    ) -> None:
+        """Note the entry's source (as shown, no secret), its asset's ``identity``, its
+        ``totals`` (files, bytes: read from its manifest when not given), and that it was
+        used now."""
         entry = self.entries_dir / name
-        files, size = manifest_totals(entry) or (0, 0)  # read a line at a time
+        files, size = totals or manifest_totals(entry) or (0, 0)  # read a line at a time
         info = {
             "source": source,
             "revision": revision,
+            "identity": identity,
             "files": files,
             "bytes": size,
             "last_used": time.time(),
@@ -209,24 +216,43 @@ class AssetCache:
         except OSError as exc:
             raise storage_error(exc, path) from None
 
+    def latest(self, identity: str) -> EntryInfo | None:
+        """The asset's most recently used entry: the version a TrainJob most likely asks for
+        again. Entries written before identities were recorded have none, and match nothing."""
+        found = None
+        for entry in self._entry_dirs():
+            info = _read_info(entry)
+            used = info.get("last_used")
+            if info.get("identity") != identity or not isinstance(used, (int, float)):
+                continue
+            if found is None or used > found.last_used:
+                size = info.get("bytes")
+                found = EntryInfo(
+                    name=entry.name,
+                    source=str(info.get("source", "?")),
+                    revision=info.get("revision"),
+                    size=size if isinstance(size, int) else 0,
+                    files=int(info.get("files", 0)),
+                    complete=True,  # as last used: whoever links it checks it first
+                    last_used=used,
+                    held_by="",
+                )
+        return found
+
     # -- every entry, for ls and prune ----------------------------------------------------------
 
     def entries(self) -> list[EntryInfo]:
         """Every entry, complete or not, least recently used first."""
-        found = []
-        with contextlib.suppress(FileNotFoundError):
-            for path in self.entries_dir.iterdir():
-                if path.is_dir() and not path.is_symlink():
-                    found.append(self._describe(path))
+        found = [self._describe(path) for path in self._entry_dirs()]
         return sorted(found, key=lambda e: e.last_used)
 
+    def _entry_dirs(self) -> list[Path]:
+        with contextlib.suppress(FileNotFoundError):
+            return [p for p in self.entries_dir.iterdir() if p.is_dir() and not p.is_symlink()]
+        return []
+
     def _describe(self, entry: Path) -> EntryInfo:
-        try:
-            info = json.loads((entry / INFO_NAME).read_bytes())
-            if not isinstance(info, dict):
-                info = {}
-        except (OSError, ValueError):
-            info = {}
+        info = _read_info(entry)
         last_used = info.get("last_used")
         return EntryInfo(
             name=entry.name,
@@ -281,6 +307,35 @@ class AssetCache:
         with contextlib.suppress(FileNotFoundError):
             for path in (self.root / TRASH).iterdir():
                 shutil.rmtree(path, ignore_errors=True)
+
+
+def _remove_symlinks(root: Path) -> None:
+    """Remove every symlink under ``root``, following none. A listing gives each name's type
+    (ext4, XFS, overlayfs): no ``stat`` per file, which a million files would feel."""
+    folders = [os.fspath(root)]
+    while folders:
+        folder = folders.pop()
+        try:
+            with os.scandir(folder) as listed:
+                for item in listed:
+                    if item.is_symlink():
+                        log.warning(
+                            "cache: removing the symlink %s planted in the entry", item.path
+                        )
+                        os.unlink(item.path)
+                    elif item.is_dir(follow_symlinks=False):
+                        folders.append(item.path)
+        except OSError as exc:
+            raise storage_error(exc, Path(folder)) from None
+
+
+def _read_info(entry: Path) -> dict[str, object]:
+    """The entry's :data:`INFO_NAME` record; empty when it is missing or unreadable."""
+    try:
+        info = json.loads((entry / INFO_NAME).read_bytes())
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
 
 
 def to_prune(
@@ -358,24 +413,29 @@ def fetch_through_cache(
     cache: AssetCache,
     name: str,
     output: Path,
-    fill: Callable[[Path], Outcome],
+    fill: Callable[[Path], Outcome | None],
     *,
     shown: str,
     revision: str | None,
+    identity: str,
     total: int,
     stop: threading.Event,
     interval: float,
     shared: bool = False,
     stall_limit: float = 600.0,
-) -> Outcome:
+) -> Outcome | None:
     """Fill the entry ``name`` (``fill`` runs the engine into it; it does nothing when the entry
     is complete) under its lock, then link ``output`` to it, still under the lock, so prune can
-    never remove an entry between its check and its link."""
+    never remove an entry between its check and its link. A ``fill`` that gives None says the
+    entry is not the one wanted: nothing is linked, and None is returned."""
     with cache.lock(name, stop, shown, total, interval, shared, stall_limit):
         entry = cache.prepare(name)
         log.info("cache: entry %s", entry)
         outcome = fill(entry)
-        cache.record_use(name, shown, revision)
+        if outcome is None:
+            return None
+        totals = (outcome.files_total, outcome.bytes_total) if outcome.up_to_date else None
+        cache.record_use(name, shown, revision, identity, totals)
         expose(entry, output)
     log.info("cache: %s links to %s", output, entry)
     return outcome

@@ -13,7 +13,7 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from pathlib import Path
 from types import FrameType
@@ -22,9 +22,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 from initializers.cache import (
     AssetCache,
+    asset_material,
     entry_name,
     fetch_through_cache,
     key_material,
+    material_digest,
     prove_read_access,
 )
 from initializers.config import (
@@ -46,6 +48,7 @@ from initializers.errors import (
 from initializers.filetable import FileTable, as_table
 from initializers.interrupts import interrupt_reads
 from initializers.logs import RedactSecrets, configure
+from initializers.patterns import is_selected
 from initializers.retry import RetryPolicy
 from initializers.selection import Chooser, Rules
 from initializers.shards import ShardSpec, sync_shard
@@ -111,15 +114,22 @@ def _fetch(settings: Settings, stop: _StopOnSignal) -> None:
         listing = _list(source, settings.kind)
         run = _Run(settings, source, listing, stop.event, retry)
         if settings.dry_run:
+            run.list_whole()
             _dry_run(settings, source, run)
             return
-        stop.engine_running = True
-        if settings.cache_dir is None:
-            outcome = run.fill(settings.output)
-        else:
-            chosen = run.chosen
-            assert chosen is not None
-            outcome = _through_cache(settings, source, listing, chosen, run.fill, stop.event, retry)
+        with stop.engine():
+            outcome = run.linked_unchanged()
+        if outcome is None:
+            run.list_whole()
+            stop.engine_running = True
+            if settings.cache_dir is None:
+                outcome = run.fill(settings.output)
+            else:
+                chosen = run.chosen
+                assert chosen is not None
+                outcome = _through_cache(
+                    settings, source, listing, chosen, run.fill, stop.event, retry
+                )
         log.info("%s", describe_outcome(settings.kind, outcome))
     finally:
         source.close()
@@ -152,17 +162,66 @@ class _Run:
         if self.layered is not None and settings.shards > 1:
             raise UsageError(f"{self.where} is unpacked, which one pod does: drop SHARDS")
         self.spec = ShardSpec(settings.shards, settings.shard_index, settings.shard_run)
-        whole = self.spec.count > 1 or settings.cache_dir is not None
-        # What needs the whole listing before the first file: the byte-balanced shard plan,
-        # the asset store's key, the weight-format fallback. Anything else streams.
-        if self.layered or whole or self.rules.needs_whole_listing:
-            listing.complete()
+        self.whole = self.spec.count > 1 or settings.cache_dir is not None
         self.chosen: Iterable[RemoteFile] | None = None
+        self.recorded = _recorded_uri(settings.storage_uri)
+
+    def list_whole(self) -> None:
+        """List now what needs the whole listing before the first file: the byte-balanced
+        shard plan, the asset store's key, the weight-format fallback. Anything else streams."""
+        if self.layered or self.whole or self.rules.needs_whole_listing:
+            self.listing.complete()
         if self.layered is not None:
             self.chosen = []
-        elif whole:
-            self.chosen = _choose(listing, self.rules, self.where)
-        self.recorded = _recorded_uri(settings.storage_uri)
+        elif self.whole:
+            self.chosen = _choose(self.listing, self.rules, self.where)
+
+    def linked_unchanged(self) -> Outcome | None:
+        """A TrainJob after the first on a listing of more than a page: the asset store's
+        latest entry of this asset, linked once its key ranges, listed in parallel, prove it
+        is what the source holds now (:mod:`initializers.unchanged`), with no whole listing
+        and no plan. None where that is not proven or does not apply: the entry is then named
+        by the whole listing. A file's version (ETag, generation) changes with its checksum,
+        so an entry whose every path, size and version is listed again is the one the whole
+        listing would name."""
+        settings, listing, rules = self.settings, self.listing, self.rules
+        if (
+            settings.cache_dir is None
+            or listing.rest is None
+            or self.layered is not None
+            or self.spec.count > 1
+            or rules.needs_whole_listing
+            or self.source.pages_after(None) is None
+        ):
+            return None
+        cache = AssetCache(settings.cache_dir)
+        identity = material_digest(_asset(settings, self.source, listing.revision))
+        latest = cache.latest(identity)
+        readable = [f for f in listing.files if is_selected(f.path, rules.allow, rules.ignore)]
+        if latest is None or not any(f.size for f in readable):
+            return None  # no entry to check, or no byte on the first page to prove access with
+        prove_read_access(self.source, readable, self.retry)
+        chooser = Chooser(listing, rules, self.where)
+
+        def check(entry: Path) -> Outcome | None:
+            return self.engine_for(entry).proven_unchanged(chooser, self.recorded, listing.revision)
+
+        linked = fetch_through_cache(
+            cache,
+            latest.name,
+            settings.output,
+            check,
+            shown=self.where,
+            revision=listing.revision,
+            identity=identity,
+            total=latest.size,
+            stop=self.stop,
+            interval=settings.progress_interval,
+            stall_limit=10 * settings.timeout,
+        )
+        if linked is None:
+            log.info("cache: listing %s whole to name the entry it needs", self.where)
+        return linked
 
     def engine_for(self, dest: Path, share: Share | None = None) -> Engine:
         return Engine(
@@ -231,31 +290,39 @@ def _through_cache(
     assert settings.cache_dir is not None
     shown = source.describe()
     prove_read_access(source, chosen or listing.files, retry)
-    return fetch_through_cache(
+    outcome = fetch_through_cache(
         AssetCache(settings.cache_dir),
         _entry_name(settings, source, listing),
         settings.output,
         fill,
         shown=shown,
         revision=listing.revision,
+        identity=material_digest(_asset(settings, source, listing.revision)),
         total=sum(f.size for f in chosen or listing.files),
         stop=stop,
         interval=settings.progress_interval,
         shared=settings.shards > 1,  # the shards of one fetch fill the entry together
         stall_limit=10 * settings.timeout,  # a live holder retries within --timeout; 10x: stuck
     )
+    assert outcome is not None  # the engine's fill always gives one
+    return outcome
+
+
+def _asset(settings: Settings, source: Source, revision: str | None) -> dict[str, object]:
+    """The asset store's material for this asset whatever its files: the source and where it
+    is, the revision, how files are chosen (:func:`~initializers.cache.asset_material`)."""
+    located = (settings[o.dest] for group in all_groups() for o in group.rows if o.locates)
+    return asset_material(
+        " ".join([source.describe(), *(str(where) for where in located if where)]),
+        revision,
+        (settings.allow_patterns, settings.ignore_patterns, settings.fallback_weights),
+    )
 
 
 def _entry_name(settings: Settings, source: Source, listing: Listing) -> str:
     """The asset store's entry for what the listing resolved, and how it was chosen."""
-    shown = source.describe()
-    located = (settings[o.dest] for group in all_groups() for o in group.rows if o.locates)
-    material = key_material(
-        " ".join([shown, *(str(where) for where in located if where)]),
-        listing,
-        (settings.allow_patterns, settings.ignore_patterns, settings.fallback_weights),
-    )
-    return entry_name(shown, material)
+    material = key_material(_asset(settings, source, listing.revision), listing.files)
+    return entry_name(source.describe(), material)
 
 
 def _dry_run(settings: Settings, source: Source, run: _Run) -> None:
@@ -302,7 +369,21 @@ class _StopOnSignal:
     def __init__(self) -> None:
         self.event = threading.Event()
         self.engine_running = False
+        self.received = ""  # the signal's name
         self._previous: dict[int, object] = {}
+
+    @contextlib.contextmanager
+    def engine(self) -> Iterator[None]:
+        """While an engine runs its part: a signal stops it (every read in flight cut) rather
+        than raising wherever the main thread is. One that came meanwhile raises on the way
+        out, for a part that ended on its own."""
+        self.engine_running = True
+        try:
+            yield
+        finally:
+            self.engine_running = False
+        if self.event.is_set():
+            raise Interrupted(f"stopped by {self.received} before fetching started")
 
     def __enter__(self) -> _StopOnSignal:
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -317,6 +398,7 @@ class _StopOnSignal:
         name = signal.Signals(signum).name
         if self.event.is_set():
             return
+        self.received = name
         # The stop first: the log line can fail, when the signal lands while this thread is
         # mid-write to stderr ("reentrant call"), and a stop lost there left a run waiting.
         self.event.set()

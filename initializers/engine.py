@@ -127,6 +127,19 @@ class Engine:
         outcome.seconds = time.monotonic() - started
         return outcome
 
+    def proven_unchanged(
+        self, chooser: Chooser, source_uri: str, revision: str | None
+    ) -> Outcome | None:
+        """The outcome of a fetch with nothing to do, when the folder is proven to be exactly
+        what the source lists now (the asset store's check of an entry it would link); None
+        when it is not, or cannot be proven so without a plan. Writes nothing either way."""
+        started = time.monotonic()
+        with destination_lock(self.dest, self.stop):
+            outcome = self._unchanged(chooser, source_uri, revision)
+        if outcome is not None:
+            outcome.seconds = time.monotonic() - started
+        return outcome
+
     def _make_dest(self) -> None:
         try:
             self.dest.mkdir(parents=True, exist_ok=True)

@@ -39,7 +39,7 @@ from itertools import zip_longest
 from operator import itemgetter
 from pathlib import Path
 
-from initializers.cache import key_material, material_digest
+from initializers.cache import asset_material, key_material, material_digest
 from initializers.destination import LOCK_NAME, FileLock, inside, storage_error
 from initializers.engine import Engine, Outcome, Share
 from initializers.errors import IntegrityError, LocalStorageError, UsageError
@@ -54,7 +54,7 @@ from initializers.manifest import (
     write_manifest_records,
 )
 from initializers.progress import human_bytes
-from initializers.sources.base import Listing, RemoteFile
+from initializers.sources.base import RemoteFile
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ def sync_shard(
     manifest. Returns this shard's outcome (``up_to_date`` when the tree was already complete)."""
     if _complete(dest, files, source_uri, revision):
         return Outcome(len(files), 0, files.total_bytes, 0, up_to_date=True)
-    digest = material_digest(key_material(source_uri, Listing(revision, files), ()))
+    digest = material_digest(key_material(asset_material(source_uri, revision, ()), files))
     state = dest / STATE
     try:
         state.mkdir(parents=True, exist_ok=True)

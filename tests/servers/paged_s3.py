@@ -34,6 +34,8 @@ class Prefix:
         self.failures: dict[int, int] = {}  # page -> how many times it answers 503 first
         self.requests: Counter[int] = Counter()  # page -> listing requests
         self.gets: Counter[str] = Counter()  # key -> object GETs
+        self.heads: Counter[str] = Counter()  # key -> object HEADs
+        self.refuses_objects = False  # True: objects' GETs and HEADs get 403, listings pass
         self.after_page: dict[int, list[str]] = {}  # page -> keys added once it was served
         self.overlap = False  # each page starts with the previous page's last key again
         self.honours_start_after = True  # False: ``start-after`` is ignored, as by some stores
@@ -70,7 +72,7 @@ class _Handler(BaseHTTPRequestHandler):
         if parts.path not in ("/bucket", "/bucket/"):  # botocore asks for the bucket unslashed
             key = unquote(parts.path.removeprefix("/bucket/"))
             prefix.gets[key] += 1
-            self._send(200, body_of(key), "application/octet-stream")
+            self._send_object(key)
             return
         query = {k: v[0] for k, v in parse_qs(parts.query).items()}
         after = query.get("continuation-token", "")
@@ -91,13 +93,25 @@ class _Handler(BaseHTTPRequestHandler):
             prefix.keys = sorted([*prefix.keys, key])
         self._send(200, body, "application/xml")
 
-    def _send(self, status: int, body: bytes, kind: str) -> None:
+    def do_HEAD(self) -> None:
+        key = unquote(urlsplit(self.path).path.removeprefix("/bucket/"))
+        self.server.prefix.heads[key] += 1
+        self._send_object(key, head=True)
+
+    def _send_object(self, key: str, head: bool = False) -> None:
+        if self.server.prefix.refuses_objects:
+            self._send(403, b"<Error><Code>AccessDenied</Code></Error>", "application/xml", head)
+        else:
+            self._send(200, body_of(key), "application/octet-stream", head)
+
+    def _send(self, status: int, body: bytes, kind: str, head: bool = False) -> None:
         self.send_response(status)
         self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            self.wfile.write(body)
+        if not head:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                self.wfile.write(body)
 
     def log_message(self, *args: object) -> None:
         pass

@@ -88,8 +88,10 @@ class FileLock:
         self._open()
         next_line = 0.0
         waited = 0.0
-        watch = _ProgressWatch(*self._stalled) if self._stalled else None
+        watch = None  # made at the first wait: its first sample can walk a million files
         while not self._take():
+            if watch is None and self._stalled:
+                watch = _ProgressWatch(*self._stalled)
             if waited >= next_line:
                 log.info("%s", self._waiting())
                 next_line = waited + self._interval

@@ -216,28 +216,19 @@ class AssetCache:
         except OSError as exc:
             raise storage_error(exc, path) from None
 
-    def latest(self, identity: str) -> EntryInfo | None:
-        """The asset's most recently used entry: the version a TrainJob most likely asks for
-        again. Entries written before identities were recorded have none, and match nothing."""
-        found = None
+    def latest(self, identity: str) -> tuple[str, int] | None:
+        """The asset's most recently used entry, the version a TrainJob most likely asks for
+        again: its name and the bytes it held then. Entries written before identities were
+        recorded have none, and match nothing."""
+        found: tuple[float, str, int] | None = None
         for entry in self._entry_dirs():
             info = _read_info(entry)
-            used = info.get("last_used")
+            used, size = info.get("last_used"), info.get("bytes")
             if info.get("identity") != identity or not isinstance(used, (int, float)):
                 continue
-            if found is None or used > found.last_used:
-                size = info.get("bytes")
-                found = EntryInfo(
-                    name=entry.name,
-                    source=str(info.get("source", "?")),
-                    revision=info.get("revision"),
-                    size=size if isinstance(size, int) else 0,
-                    files=int(info.get("files", 0)),
-                    complete=True,  # as last used: whoever links it checks it first
-                    last_used=used,
-                    held_by="",
-                )
-        return found
+            if found is None or used > found[0]:
+                found = (used, entry.name, size if isinstance(size, int) else 0)
+        return found[1:] if found else None
 
     # -- every entry, for ls and prune ----------------------------------------------------------
 
@@ -423,12 +414,16 @@ def fetch_through_cache(
     interval: float,
     shared: bool = False,
     stall_limit: float = 600.0,
+    existing: bool = False,
 ) -> Outcome | None:
     """Fill the entry ``name`` (``fill`` runs the engine into it; it does nothing when the entry
     is complete) under its lock, then link ``output`` to it, still under the lock, so prune can
     never remove an entry between its check and its link. A ``fill`` that gives None says the
-    entry is not the one wanted: nothing is linked, and None is returned."""
+    entry is not the one wanted: nothing is linked, and None is returned; so it is, with
+    nothing made, for an ``existing`` entry found gone (pruned) once locked."""
     with cache.lock(name, stop, shown, total, interval, shared, stall_limit):
+        if existing and not (cache.entries_dir / name).is_dir():
+            return None
         entry = cache.prepare(name)
         log.info("cache: entry %s", entry)
         outcome = fill(entry)

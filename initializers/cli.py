@@ -200,6 +200,7 @@ class _Run:
         readable = [f for f in listing.files if is_selected(f.path, rules.allow, rules.ignore)]
         if latest is None or not any(f.size for f in readable):
             return None  # no entry to check, or no byte on the first page to prove access with
+        name, size = latest
         prove_read_access(self.source, readable, self.retry)
         chooser = Chooser(listing, rules, self.where)
 
@@ -208,16 +209,17 @@ class _Run:
 
         linked = fetch_through_cache(
             cache,
-            latest.name,
+            name,
             settings.output,
             check,
             shown=self.where,
             revision=listing.revision,
             identity=identity,
-            total=latest.size,
+            total=size,
             stop=self.stop,
             interval=settings.progress_interval,
             stall_limit=10 * settings.timeout,
+            existing=True,
         )
         if linked is None:
             log.info("cache: listing %s whole to name the entry it needs", self.where)
